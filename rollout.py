@@ -1,21 +1,32 @@
-"""Multi-turn rollouts: groups of episodes played in lock-step turns, one training sample per turn.
+"""Multi-turn rollouts, the one replay of a fixed action list through an env, and the rollout archive.
 
-Every turn's prompt is rebuilt from the task, the last `history_length` (observation, action) pairs, the current
-observation and the admissible actions (verl-agent's step-independent multi-turn format), so the context stays flat
-over 50 turns. The prompt is always the ordinary one: privileged text exists only in the teacher (smrc.py steps 3-5).
+Every turn's prompt is rebuilt from the task, the last `history_length` (observation, action) pairs of the episode's
+memory, the current observation and the admissible actions (verl-agent's step-independent multi-turn format), so the
+context stays flat over 50 turns. The prompt is always the ordinary one: privileged text exists only in the teacher
+(smrc.py steps 3-5).
 
 Env time overlaps model time: the episodes are split in two halves that alternate, so while the env workers step one
 half, the engine generates for the other (`collect_rollouts`). An over-long prompt falls back to the no-history
 prompt, then ends the episode; a response cut by max_new_tokens is kept and counted. Nothing is dropped silently.
+
+`replay(env, task, actions)` plays a fixed action list (a planner's solution, a student's prefix) into the same
+`Episode` / `Turn` records, so references, audits and warm-start demonstrations see exactly the states, history keys
+and prompts a rollout would. The archive (`archive_rows`, `write_archive`, `read_archive`, `trim_logs`) is the
+gzip JSONL of every trained turn that the audits read (output_dir/rollouts.jsonl.gz).
 """
 
+import gzip
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
 import envs
+import router
 from models import chat_ids
 
 
@@ -31,13 +42,12 @@ class Turn:
     response_ids: list[int]
     sample_logprobs: list[float]
     response: str
-    response_truncated: bool
     action: str               # the parsed (or fallback) action sent to the env
     valid: bool
     parse_reason: str
     observation: str          # observation shown at this turn
     signature: envs.Signature  # state before acting
-    history: str              # history key before acting
+    history_key: str          # history key before acting
     reward: float = 0.0       # env reward of this step
 
 
@@ -51,24 +61,52 @@ class Episode:
     observation: str = ""
     admissible: list[str] = field(default_factory=list)
     signature: envs.Signature = ()
-    history: str = ""
+    history_key: str = ""
     memory: list[tuple[str, str]] = field(default_factory=list)  # (observation, action) of earlier turns
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     won: bool = False
     score: float = 0.0
     stop_reason: str = ""     # won | env_done | max_steps | prompt_too_long
+    result: envs.StepResult | None = None  # the env's latest answer
 
     @property
     def ret(self) -> float:
         return sum(t.reward for t in self.turns)
 
 
+def observe(ep: Episode, res: envs.StepResult, first: bool, action: str = "") -> None:
+    """Take the env's answer (to reset if `first`, else to `action`) into the episode's state."""
+    ep.history_key = envs.history_key("" if first else ep.history_key, action, res.observation)
+    ep.observation, ep.admissible, ep.signature, ep.result = res.observation, res.admissible, res.signature, res
+    ep.goal = res.goal if first else ep.goal
+    ep.won, ep.score = res.won, res.score
+    if res.done:
+        ep.done = True
+        ep.stop_reason = "won" if res.won else ("max_steps" if res.info.get("truncated") else "env_done")
+
+
+def advance(ep: Episode, turn: Turn, res: envs.StepResult) -> None:
+    """The env answered `turn`: its reward, the memory, the new state."""
+    turn.reward = res.reward
+    ep.memory.append((ep.observation, turn.action))
+    observe(ep, res, first=False, action=turn.action)
+
+
+def turn_prompt(ep: Episode, env_name: str, history_length: int, require_think: bool) -> str:
+    """The ordinary user message of the episode's next turn."""
+    return envs.build_prompt(env_name, ep.goal, ep.memory, len(ep.turns), ep.observation, ep.admissible,
+                             history_length, require_think=require_think)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Rollouts
+
+
 def _prompt(ep: Episode, cfg, tokenizer, counters: dict) -> tuple[str, list[int]] | None:
     """The turn's ordinary prompt; over the budget: the no-history prompt (counted), then None (episode ends)."""
     for h in (cfg.env_cfg.history_length, 0):
-        text = envs.build_prompt(cfg.env, ep.goal, ep.memory, len(ep.turns), ep.observation, ep.admissible, h,
-                                 require_think=cfg.env_cfg.require_think)
+        text = turn_prompt(ep, cfg.env, h, cfg.env_cfg.require_think)
         ids = chat_ids(tokenizer, text)
         if len(ids) <= cfg.rollout.max_prompt_tokens:
             return text, ids
@@ -96,9 +134,7 @@ def collect_rollouts(engine, pool, tokenizer, tasks: list[envs.Task], cfg, tag: 
         if pending is not None:
             t = time.perf_counter()
             for ep, turn, res in zip(*pending, pool.step_wait()):
-                turn.reward = res.reward
-                ep.memory.append((ep.observation, turn.action))
-                observe(ep, res, first=False, action=turn.action)
+                advance(ep, turn, res)
             counters["env_s"] += time.perf_counter() - t
             bar.update(len(pending[0]))
         pending = None
@@ -130,43 +166,155 @@ def _act(half: list[Episode], engine, tokenizer, cfg, counters: dict) -> tuple[l
     for (ep, text, ids), gen in zip(prompted, gens):
         parsed = envs.parse_action(gen.text, cfg.env, cfg.env_cfg.require_think)
         counters["truncated_responses"] += gen.truncated
-        turns.append(Turn(ep.task, ep.group, ep.traj_id, len(ep.turns), text, ids, gen.response_ids, gen.logprobs,
-                          gen.text, gen.truncated, parsed.action, parsed.valid, parsed.reason, ep.observation,
-                          ep.signature, ep.history))
+        turns.append(Turn(task=ep.task, group=ep.group, traj_id=ep.traj_id, index=len(ep.turns), user_text=text,
+                          prompt_ids=ids, response_ids=gen.response_ids, sample_logprobs=gen.logprobs,
+                          response=gen.text, action=parsed.action, valid=parsed.valid, parse_reason=parsed.reason,
+                          observation=ep.observation, signature=ep.signature, history_key=ep.history_key))
         ep.turns.append(turns[-1])
     return [ep for ep, _, _ in prompted], turns
 
 
-def observe(ep: Episode, res: "envs.StepResult", first: bool, action: str = "") -> None:
-    ep.history = envs.history_signature("" if first else ep.history, action, res.observation)
-    ep.observation, ep.admissible, ep.signature = res.observation, res.admissible, res.signature
-    ep.goal = res.goal if first else ep.goal
-    ep.won, ep.score = res.won, res.score
-    if res.done:
-        ep.done = True
-        ep.stop_reason = "won" if res.won else ("max_steps" if res.info.get("truncated") else "env_done")
+# ----------------------------------------------------------------------------------------------------------------------
+# Replay: a fixed action list through an env
 
 
-def episode_stats(eps: list[Episode]) -> list[tuple]:
-    """What the metrics need of each episode, small enough to gather from every rank under torchrun."""
-    return [(e.ret, e.won, e.score, e.task.task_type, [(t.valid, len(t.response_ids), t.parse_reason) for t in e.turns])
+def replay(env, task: envs.Task, actions: list[str], episode: Episode | None = None,
+           prompt: Callable[[Episode], str] | None = None) -> Episode:
+    """Play `actions` from reset (or on from `episode`'s state) until the episode ends, one Turn per action taken,
+    each with the state, history key and (if `prompt` is given) ordinary prompt it was taken in."""
+    ep = episode or Episode(task, 0, f"replay-{task.task_id}", slot=-1)
+    results = envs.replay(env, task, actions, start=ep.result)
+    if episode is None:
+        observe(ep, results[0], first=True)
+    for action, res in zip(actions, results[1:]):
+        turn = Turn(task=task, group=ep.group, traj_id=ep.traj_id, index=len(ep.turns),
+                    user_text=prompt(ep) if prompt else "", prompt_ids=[], response_ids=[], sample_logprobs=[],
+                    response="", action=action, valid=True, parse_reason="ok", observation=ep.observation,
+                    signature=ep.signature, history_key=ep.history_key)
+        ep.turns.append(turn)
+        advance(ep, turn, res)
+    return ep
+
+
+def to_trajectory(ep: Episode, traj_id: str | None = None) -> router.Trajectory:
+    steps = [router.Step(t.signature, t.history_key, t.observation, t.action) for t in ep.turns]
+    return router.Trajectory(ep.task.task_id, traj_id or ep.traj_id, steps, success=ep.won,
+                             final_observation=ep.observation)
+
+
+def reference(env, task: envs.Task, actions: list[str]) -> router.Trajectory | None:
+    """A planner solution replayed through an env without a step limit, so every position carries its real signature
+    and history key; None unless it wins."""
+    ep = replay(env, task, actions)
+    return to_trajectory(ep, f"planner-{task.task_id}") if ep.won else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Metrics
+
+
+@dataclass
+class TurnStats:
+    valid: bool
+    response_tokens: int
+    parse_reason: str
+
+
+@dataclass
+class EpisodeStats:
+    """What the metrics need of one episode, small enough to gather from every rank under torchrun."""
+    ret: float
+    won: bool
+    score: float
+    task_type: str
+    turns: list[TurnStats]
+
+
+def episode_stats(eps: list[Episode]) -> list[EpisodeStats]:
+    return [EpisodeStats(ret=e.ret, won=e.won, score=e.score, task_type=e.task.task_type,
+                         turns=[TurnStats(t.valid, len(t.response_ids), t.parse_reason) for t in e.turns])
             for e in eps]
 
 
-def rollout_metrics(stats: list[tuple], counters: dict) -> dict:
+def rollout_metrics(stats: list[EpisodeStats], counters: dict) -> dict:
     """Episode-level means over every episode of the step (all ranks), turn-level means over every turn."""
-    turns = [t for *_, ts in stats for t in ts]
+    turns = [t for s in stats for t in s.turns]
     m = {
-        "rollout/reward": float(np.mean([s[0] for s in stats])),
-        "rollout/success_rate": float(np.mean([s[1] for s in stats])),
-        "rollout/score": float(np.mean([s[2] for s in stats])),
-        "rollout/valid_action_ratio": float(np.mean([t[0] for t in turns])) if turns else float("nan"),
-        "rollout/turns": float(np.mean([len(s[4]) for s in stats])),
-        "rollout/response_tokens": float(np.mean([t[1] for t in turns])) if turns else 0.0,
+        "rollout/reward": float(np.mean([s.ret for s in stats])),
+        "rollout/success_rate": float(np.mean([s.won for s in stats])),
+        "rollout/score": float(np.mean([s.score for s in stats])),
+        "rollout/valid_action_ratio": float(np.mean([t.valid for t in turns])) if turns else float("nan"),
+        "rollout/turns": float(np.mean([len(s.turns) for s in stats])),
+        "rollout/response_tokens": float(np.mean([t.response_tokens for t in turns])) if turns else 0.0,
         **{f"rollout/{k}": float(counters[k]) for k in ("truncated_responses", "prompt_no_history", "prompt_too_long")},
     }
-    for tt in sorted({s[3] for s in stats}):
-        m[f"rollout/success/{tt}"] = float(np.mean([s[1] for s in stats if s[3] == tt]))
-    for reason in sorted({t[2] for t in turns} - {"ok"}):
-        m[f"rollout/invalid/{reason}"] = float(sum(t[2] == reason for t in turns))
+    for tt in sorted({s.task_type for s in stats}):
+        m[f"rollout/success/{tt}"] = float(np.mean([s.won for s in stats if s.task_type == tt]))
+    for reason in sorted({t.parse_reason for t in turns} - {"ok"}):
+        m[f"rollout/invalid/{reason}"] = float(sum(t.parse_reason == reason for t in turns))
     return m
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The rollout archive (output_dir/rollouts.jsonl.gz)
+
+
+def _match_json(m) -> dict | None:
+    """A router.Match as JSON: the reference, the position, its signature there, the candidate and the suffix."""
+    return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
+                                   "ref_signature": m.ref.steps[m.position].signature,
+                                   "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
+
+
+def archive_rows(step: int, episodes: list[Episode], matches: list, structured: list,
+                 history_matches: list) -> list[dict]:
+    """Every turn with its task, student action, signature, history key, routing decision, both matchers' matches
+    (so the matcher comparison runs on the same turns), reward and the episode's success."""
+    turns = [(ep, t) for ep in episodes for t in ep.turns]
+    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
+             "traj_id": t.traj_id, "turn": t.index, "observation": t.observation, "action": t.action,
+             "valid": t.valid, "signature": t.signature, "history_key": t.history_key,
+             "routed": matches[i] is not None, "match": _match_json(matches[i]),
+             "structured": _match_json(structured[i]), "history_match": _match_json(history_matches[i]),
+             "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret} for i, (ep, t) in enumerate(turns)]
+
+
+def write_archive(path: Path, rows: list[dict], cap: int) -> int:
+    """Append to the gzip JSONL archive; past `cap` turns, returns how many were not written (logged, not lost)."""
+    count = path.with_suffix(".count")
+    n_before = int(count.read_text()) if count.exists() else 0
+    room = max(0, cap - n_before)
+    if room and rows:
+        with gzip.open(path, "at") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows[:room])
+        count.write_text(str(n_before + min(room, len(rows))))
+    return max(0, len(rows) - room)
+
+
+def read_archive(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def trim_logs(out: Path, last_step: int) -> None:
+    """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the rollout
+    archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same folder) move
+    to *.after_step_N files, so nothing is logged twice and nothing is deleted."""
+    for name in ("metrics.jsonl", "rollouts.jsonl.gz"):
+        path = out / name
+        if not path.exists():
+            continue
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            lines = f.read().splitlines()
+        keep = [ln for ln in lines if json.loads(ln)["step"] <= last_step]
+        if len(keep) == len(lines):
+            continue
+        aside = out / name.replace(".jsonl", f".after_step_{last_step}.jsonl")
+        with opener(aside, "wt") as f:
+            f.writelines(ln + "\n" for ln in lines if json.loads(ln)["step"] > last_step)
+        with opener(path, "wt") as f:
+            f.writelines(ln + "\n" for ln in keep)
+        if name.endswith(".gz"):
+            (out / "rollouts.jsonl.count").write_text(str(len(keep)))
+        print(f"[resume] {len(lines) - len(keep)} rows of {name} after step {last_step} moved to {aside}", flush=True)

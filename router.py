@@ -46,7 +46,7 @@ Signature = tuple[tuple[str, Hashable], ...]  # same type as envs.Signature: ord
 class Step:
     """One turn of a trajectory, as the router sees it."""
     signature: Signature  # state before acting at this turn
-    history: str  # history key before acting at this turn (envs.history_signature chain)
+    history_key: str  # history key before acting at this turn (envs.history_key chain)
     observation: str  # observation shown at this turn
     action: str  # action taken (the parsed action text sent to the env)
 
@@ -154,13 +154,13 @@ class ReferenceBank:
         self.planner = {k: _trajectory_from_json(t) for k, t in state["planner"].items()}
 
 
-def _tuples(x):
+def as_signature(x):
     """JSON turns tuples into lists; signatures must come back as (hashable) tuples."""
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+    return tuple(as_signature(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def _trajectory_from_json(d: dict) -> Trajectory:
-    steps = [Step(_tuples(s["signature"]), s["history"], s["observation"], s["action"]) for s in d["steps"]]
+    steps = [Step(as_signature(s["signature"]), s["history_key"], s["observation"], s["action"]) for s in d["steps"]]
     return Trajectory(d["task_id"], d["traj_id"], steps, d["success"], d["final_observation"])
 
 
@@ -177,22 +177,23 @@ def _last_position(ref: Trajectory, key: Callable[[Step], object], value: object
     return positions[-1] if positions else None  # deviation 2: last occurrence = shortest suffix
 
 
-def match_structured(turn: Turn, refs: list[Trajectory]) -> Match | None:
-    """SMRC-SD: the student's state signature equals the reference's signature at position j."""
+def _match_on(turn: Turn, refs: list[Trajectory], key: Callable[[Step], object]) -> Match | None:
+    """The first reference holding the student's `key` of its step, at the last such position j."""
     for ref in _usable(turn, refs):
-        j = _last_position(ref, lambda s: s.signature, turn.step.signature)
+        j = _last_position(ref, key, key(turn.step))
         if j is not None:
             return Match(ref, j, ref.steps[j].action)
     return None
+
+
+def match_structured(turn: Turn, refs: list[Trajectory]) -> Match | None:
+    """SMRC-SD: the student's state signature equals the reference's signature at position j."""
+    return _match_on(turn, refs, lambda s: s.signature)
 
 
 def match_history(turn: Turn, refs: list[Trajectory]) -> Match | None:
     """The student's history key (whole action/observation prefix) equals the reference's at position j."""
-    for ref in _usable(turn, refs):
-        j = _last_position(ref, lambda s: s.history, turn.step.history)
-        if j is not None:
-            return Match(ref, j, ref.steps[j].action)
-    return None
+    return _match_on(turn, refs, lambda s: s.history_key)
 
 
 def match_all(turn: Turn, refs: list[Trajectory]) -> Match | None:
@@ -236,14 +237,13 @@ def route_metrics(turns: list[Turn], matches: list[Match | None], bank: Referenc
     with_ref = sum(bool(_usable(t, bank.references(t.task_id, t.traj_id))) for t in turns)
     matched = sum(m is not None for m in matches)
     return {
-        "router/match_rate": matched / max(len(turns), 1),
         "router/matched_turns": float(matched),
         "router/turns_with_reference": float(with_ref),
     }
 
 
 # ----------------------------------------------------------------------------------------------------------
-# State summary: natural language from the signature fields (ALFWorld and WebShop, see envs.py)
+# State summary: natural language from the signature fields (environments/alfworld.py, environments/webshop.py)
 
 def _items(values: tuple) -> str:
     return ", ".join(_plain(v) for v in values)

@@ -18,11 +18,13 @@ Usage:
 
 Inference and evaluation see only the ordinary prompt: reference, signatures and teacher context exist only in steps
 3-5 and never enter a rollout prompt.
+
+Read the method in this order: envs.py (the environment contract), rollout.py, router.py, teacher.py, grpo.py,
+models.py; the support lives in environments/, scale/, embedded/ (and analysis/, bench/ beside evaluate.py).
 """
 
 import copy
 import dataclasses
-import gzip
 import json
 import random
 import sys
@@ -35,20 +37,23 @@ import numpy as np
 import torch
 import tyro
 
-import dist as distributed
 import envs
 import grpo
+import rollout
 import router
 import teacher
-from checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, trim_logs
-from dist import Dist, DistConfig, init_distributed, print0
-from envpool import EnvPool, plan
+from embedded.warmstart import resolve
+from environments.alfworld import AlfworldConfig
+from environments.pool import EnvPool
+from environments.webshop import WebShopConfig
 from grpo import GRPOConfig
-from models import HFEngine, SamplingConfig, load_model, resolve
-from rollout import Episode, Turn, observe, collect_rollouts, episode_stats, rollout_metrics
+from models import HFEngine, SamplingConfig, load_model
 from router import RouterConfig
+from scale import distributed
+from scale.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from scale.distributed import DistConfig, World, init_distributed, print0
+from scale.vllm_engine import VLLMEngine
 from teacher import TeacherConfig
-from webshop import WebShopConfig
 
 ALGOS = {  # --algo → (matcher, teacher context) unless --router.matcher / --router.context override them
     "grpo": ("none", "fullpath"),
@@ -83,7 +88,7 @@ class Config:
     algo: Literal["grpo", "fullpath-sd", "smrc-sd"] = "smrc-sd"
     """training algorithm (sets the router's matcher and teacher context)"""
     model: str = "Qwen/Qwen3-1.7B"
-    """Hugging Face model id or local directory; 'tiny' / 'tiny-agent' = the embedded CPU models (models.py)"""
+    """Hugging Face model id or local directory; 'tiny' / 'tiny-agent' = the embedded CPU models (embedded/)"""
     seed: int = 0
     """seed of everything (task sampling, generation, routing control)"""
     steps: int = 150
@@ -97,11 +102,11 @@ class Config:
     resume: bool = False
     """continue from the latest checkpoint in output_dir"""
     archive_max_turns: int = 1_000_000
-    """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py); past it, turns are counted, not
-    written (0 = no archive)"""
+    """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are counted,
+    not written (0 = no archive)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
-    alfworld: envs.AlfworldConfig = field(default_factory=lambda: envs.AlfworldConfig(source="official"))
+    alfworld: AlfworldConfig = field(default_factory=lambda: AlfworldConfig(source="official"))
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -124,17 +129,17 @@ class Config:
 
 def tiny_preset() -> Config:
     """Runs end to end on 2 CPU cores in a few minutes: `tiny-agent` (the embedded tiny model after a short
-    behaviour-cloning warm start, warmstart.py) on small generated games. It rarely succeeds yet, so the planner's
-    solutions seed the reference bank (router deviation 4) to make the distillation path do real work."""
+    behaviour-cloning warm start, embedded/warmstart.py) on small generated games. It rarely succeeds yet, so the
+    planner's solutions seed the reference bank (router deviation 4) to make the distillation path do real work."""
     return Config(
         preset="tiny", model="tiny-agent", steps=10, output_dir="runs/tiny", save_every=5,
-        alfworld=envs.AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
-                                     max_steps=8, require_think=False),
+        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
+                                max_steps=8, require_think=False),
         webshop=WebShopConfig(max_steps=8, require_think=False),
         rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64,
                               sampling=SamplingConfig(max_new_tokens=24)),
-        # λ=0.1: a 0.4M-parameter teacher cannot read a long privileged context, its re-scoring is mostly noise
-        # (teacher−student gap ≈ −0.15/token); at λ=1 it drives the entropy up and the valid-action ratio down.
+        # λ=0.1: a tiny teacher cannot read a long privileged context, so its re-scoring is mostly noise; at λ=1 it
+        # drives the entropy up and the valid-action ratio down.
         grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192, sd_coef=0.1),
         router=RouterConfig(seed_with_planner=True),
     )
@@ -156,60 +161,67 @@ def parse_config(argv: list[str]) -> Config:
     return tyro.cli(Config, default=PRESETS[name](), args=argv, description=__doc__)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# References, routing, teacher signal, samples
+def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
+    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
+    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = [f"{where}{k}" for k in values if k not in names]
+    for name in names & set(values):
+        cur, v = getattr(obj, name), values[name]
+        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
+            unknown += fill_dataclass(cur, v, f"{where}{name}.")
+        else:
+            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
+    return unknown
 
 
-def to_trajectory(ep: Episode) -> router.Trajectory:
-    steps = [router.Step(t.signature, t.history, t.observation, t.action) for t in ep.turns]
-    return router.Trajectory(ep.task.task_id, ep.traj_id, steps, success=ep.won, final_observation=ep.observation)
-
-
-def planner_reference(task: envs.Task, env, cfg: Config) -> router.Trajectory | None:
-    """The planner's solution replayed through an env without a step limit, so every position carries its real
-    signature and history key (a plan may be longer than the student's max_steps)."""
-    result = plan(task, [], cfg.env_cfg.planner_timeout_s)
-    if result.status != "ok":
-        print(f"[planner] no reference for {task.task_id}: {result.status} {result.message}", flush=True)
-        return None
-    ep = Episode(task, 0, f"planner-{task.task_id}", slot=-1)
-    observe(ep, env.reset(task), first=True)
-    for action in result.actions:
-        if ep.done:
+def config_from_run(path: Path | None, preset: str) -> Config:
+    """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
+    cfg = PRESETS[preset]()
+    for name in ("smrc_config.json", "config.json"):
+        if path is not None and (path / name).exists():
+            unknown = fill_dataclass(cfg, json.loads((path / name).read_text()))
+            if unknown:
+                print(f"[config] {path / name}: {len(unknown)} unknown keys ignored: {unknown}", flush=True)
             break
-        ep.turns.append(Turn(task, 0, ep.traj_id, len(ep.turns), "", [], [], [], "", False, action, True, "ok",
-                             ep.observation, ep.signature, ep.history))
-        res = env.step(action)
-        ep.turns[-1].reward = res.reward
-        observe(ep, res, first=False, action=action)
-    return to_trajectory(ep) if ep.won else None
+    return cfg
 
 
-def teacher_signal(model, engine, tokenizer, turns: list[Turn], matches: list, cfg: Config):
-    """Teacher log-probs for matched turns (None elsewhere and for over-length prompts) and summable sd/ counts."""
-    picked = [i for i, m in enumerate(matches) if m is not None]
-    requests = [teacher.TeacherRequest(turns[i].user_text,
-                                       router.teacher_context(cfg.context, matches[i].ref, matches[i],
-                                                              turns[i].signature),
-                                       turns[i].response_ids) for i in picked]
-    if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response] on the rollout engine
-        import vllm_engine
-        scored, stats = vllm_engine.score(engine, tokenizer, requests, cfg.teacher, cfg.rollout.sampling.temperature)
-    else:
-        scored, stats = teacher.score(model, tokenizer, requests, cfg.teacher, cfg.rollout.sampling.temperature)
-    teacher_lp: list[list[float] | None] = [None] * len(turns)
-    gap_sum = 0.0
-    for i, lp in zip(picked, scored):
-        teacher_lp[i] = lp
-        if lp is not None:
-            gap_sum += sum(a - b for a, b in zip(lp, turns[i].sample_logprobs))
-    distilled = [i for i in picked if teacher_lp[i] is not None]
-    stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
-                  "sd/distilled_tokens": sum(len(turns[i].response_ids) for i in distilled)})
-    return teacher_lp, stats
+# ----------------------------------------------------------------------------------------------------------------------
+# References, samples, archive
 
 
-def build_samples(episodes: list[Episode], teacher_lp: list, penalty: float, norm_by_std: bool) -> list[grpo.Sample]:
+@dataclass
+class Setup:
+    """What the training loop runs on, built once by `setup` (and restored from a checkpoint on --resume)."""
+    train_tasks: list[envs.Task]
+    model: torch.nn.Module        # the policy, wrapped for DDP/FSDP under torchrun
+    tokenizer: object
+    ref_model: torch.nn.Module | None  # frozen initial model for the KL anchor (None when kl_coef = 0)
+    optimizer: torch.optim.Optimizer
+    bank: router.ReferenceBank
+    start: int                    # the first step to run (the checkpoint's step on --resume)
+    engine: object                # HFEngine or VLLMEngine
+    replay_env: object = None     # env without a step limit for planner references, made on first use
+
+
+def planner_references(cfg: Config, s: Setup, tasks: list[envs.Task]) -> list[router.Trajectory]:
+    """Router deviation 4: the planner's solution of every task not yet in the bank, replayed through an env without
+    a step limit (a plan may be longer than the student's max_steps). The plan is built with the run's env config."""
+    refs = []
+    for task in (t for t in tasks if t.task_id not in s.bank.planner):
+        result = envs.plan(cfg.env_cfg, task, [])
+        if result.status != "ok":
+            print(f"[planner] no reference for {task.task_id}: {result.status} {result.message}", flush=True)
+            continue
+        s.replay_env = s.replay_env or envs.make_env(dataclasses.replace(cfg.env_cfg, max_steps=10**6))
+        ref = rollout.reference(s.replay_env, task, result.actions)
+        refs += [ref] if ref is not None else []
+    return refs
+
+
+def build_samples(episodes: list[rollout.Episode], teacher_lp: list, penalty: float,
+                  norm_by_std: bool) -> list[grpo.Sample]:
     """Turn score s = episode return − penalty·[turn invalid] (verl-agent), then GRPO advantages per task group."""
     turns = [t for e in episodes for t in e.turns]
     scores = [e.ret - penalty * (not t.valid) for e in episodes for t in e.turns]
@@ -218,35 +230,19 @@ def build_samples(episodes: list[Episode], teacher_lp: list, penalty: float, nor
             for t, a, lp in zip(turns, adv, teacher_lp)]
 
 
-def _match_json(m) -> dict | None:
-    return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
-                                   "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
+def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
+    temperature = cfg.rollout.sampling.temperature
+    if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response] on the rollout engine
+        return teacher.vllm_scorer(s.engine, temperature)
+    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature)
 
 
-def archive_rows(step: int, episodes: list[Episode], rturns: list, matches: list, bank) -> list[dict]:
-    """Every turn with its task, student action, signature, history key, routing decision, both matchers' matches
-    (so the matcher comparison runs on the same turns), reward and the episode's success."""
+def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
+            bank: router.ReferenceBank) -> list[dict]:
+    """Archive rows with the run's matches and both audited matchers' matches on the same turns."""
     structured = router.route(rturns, bank, "structured", random.Random(0))
-    history = router.route(rturns, bank, "history", random.Random(0))
-    turns = [(ep, t) for ep in episodes for t in ep.turns]
-    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
-             "traj_id": t.traj_id, "turn": t.index, "observation": t.observation, "action": t.action,
-             "valid": t.valid, "signature": t.signature, "history": t.history, "routed": matches[i] is not None,
-             "match": _match_json(matches[i]), "structured": _match_json(structured[i]),
-             "history_match": _match_json(history[i]), "reward": t.reward, "episode_won": ep.won,
-             "episode_return": ep.ret} for i, (ep, t) in enumerate(turns)]
-
-
-def write_archive(path: Path, rows: list[dict], cap: int) -> int:
-    """Append to the gzip JSONL archive; past `cap` turns, returns how many were not written (logged, not lost)."""
-    count = path.with_suffix(".count")
-    n_before = int(count.read_text()) if count.exists() else 0
-    room = max(0, cap - n_before)
-    if room and rows:
-        with gzip.open(path, "at") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows[:room])
-        count.write_text(str(n_before + min(room, len(rows))))
-    return max(0, len(rows) - room)
+    history_matches = router.route(rturns, bank, "history", random.Random(0))
+    return rollout.archive_rows(step, episodes, matches, structured, history_matches)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -260,134 +256,135 @@ def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
     return random.Random(f"{seed}-{step}-{rank}")
 
 
-def setup(cfg: Config, dist: Dist):
-    """Tasks, model (from the latest checkpoint on --resume), reference model, optimizer, bank, engine, env pool."""
+def setup(cfg: Config, world: World) -> Setup:
+    """Tasks, model (from the latest checkpoint on --resume), reference model, optimizer, bank, engine."""
     out = Path(cfg.output_dir)
-    if dist.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
+    if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
         raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
                          "every forward is a collective, and per-rank generation lengths differ")
     try:
-        train_tasks = envs.load_tasks(cfg.env, cfg.env_cfg, "train")
+        train_tasks = envs.load_tasks(cfg.env_cfg, "train")
     except envs.DataError as e:  # missing data: one clear message, not a traceback from deep inside
         raise SystemExit(f"error: {e}") from None
-    if dist.is_main:  # embedded models are built once, by rank 0 (transformers saves on rank 0 only under torchrun)
+    if world.is_main:  # embedded models are built once, by rank 0 (transformers saves on rank 0 only under torchrun)
         resolve(cfg.model)
-    dist.barrier()
+    world.barrier()
+    model_path = resolve(cfg.model)
     ckpt = latest_checkpoint(out) if cfg.resume else None
     if cfg.resume and ckpt is None:
-        print0(dist, f"[resume] no checkpoint in {out}; starting from step 0")
-    model, tokenizer = load_model(str(ckpt) if ckpt else cfg.model, device=dist.device)
+        print0(world, f"[resume] no checkpoint in {out}; starting from step 0")
+    model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
     ref_model = None
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
-        ref_model = (load_model(cfg.model, device=dist.device)[0] if ckpt else copy.deepcopy(model)).eval()
+        ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
         ref_model.requires_grad_(False)
     if cfg.grpo.grad_checkpointing:
         model.gradient_checkpointing_enable()
-    model = distributed.wrap(model, dist, cfg.dist.strategy)
+    model = distributed.wrap(model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
     bank = router.ReferenceBank(cfg.router.archive_size)
     start = load_trainer_state(ckpt, model, optimizer, bank) if ckpt else 0
-    if dist.is_main:
-        trim_logs(out, start)
+    if world.is_main:
+        rollout.trim_logs(out, start)
     if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then given the trainer's weights
-        from vllm_engine import VLLMEngine
-        engine = VLLMEngine(str(ckpt) if ckpt else resolve(cfg.model), tokenizer, cfg.rollout.sampling,
-                            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + dist.rank)
+        engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
+                            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
         engine.sync_weights(model)
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
-    return train_tasks, model, tokenizer, ref_model, optimizer, bank, start, engine
+    return Setup(train_tasks=train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
+                 bank=bank, start=start, engine=engine)
 
 
 def main(cfg: Config) -> None:
-    dist = init_distributed(cfg.device)
+    world = init_distributed(cfg.device)
     out = Path(cfg.output_dir)
-    if dist.is_main:
+    if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         print(json.dumps(dataclasses.asdict(cfg), indent=1), flush=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-    seed_step(cfg.seed, 0, dist.rank)
-    pool = EnvPool(cfg.env, cfg.env_cfg)  # first: the workers fork before any model or engine exists
+    seed_step(cfg.seed, 0, world.rank)
+    pool = EnvPool(cfg.env_cfg)  # first: the workers fork before any model or engine exists
     try:
-        train(cfg, dist, pool)
+        train(cfg, world, pool)
     finally:
         pool.close()
-        distributed.close(dist)
+        distributed.close(world)
 
 
-def train(cfg: Config, dist: Dist, pool: EnvPool) -> None:
-    out, replay_env = Path(cfg.output_dir), None
-    train_tasks, model, tokenizer, ref_model, optimizer, bank, start, engine = setup(cfg, dist)
-    print0(dist, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} | {len(train_tasks)} train tasks | "
-                 f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {dist.device} x{dist.world_size}"
-                 f" | steps {start}->{cfg.steps}")
+def train(cfg: Config, world: World, pool: EnvPool) -> None:
+    s = setup(cfg, world)
+    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} | {len(s.train_tasks)} train "
+                  f"tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M params on {world.device} "
+                  f"x{world.world_size} | steps {s.start}->{cfg.steps}")
     try:
-        for step in range(start, cfg.steps):
-            t_step = time.perf_counter()
-            rng = seed_step(cfg.seed, step, dist.rank)
-            # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
-            pick = np.random.default_rng([cfg.seed, step]).choice(
-                len(train_tasks), cfg.rollout.tasks_per_step, replace=len(train_tasks) < cfg.rollout.tasks_per_step)
-            tasks = dist.shard([train_tasks[i] for i in sorted(pick)])
-            # 2. roll out (ordinary prompts only)
-            episodes, counters = collect_rollouts(engine, pool, tokenizer, tasks, cfg, tag=f"s{step}r{dist.rank}",
-                                                  show_progress=dist.is_main)
-            turns = [t for e in episodes for t in e.turns]
-            # 3. reference bank: this group's successes, earlier successes, planner solutions (flag); same on all ranks
-            new_refs = []
-            if cfg.router.seed_with_planner:
-                for task in (t for t in tasks if t.task_id not in bank.planner):
-                    replay_env = replay_env or envs.make_env(cfg.env, dataclasses.replace(cfg.env_cfg, max_steps=10**6))
-                    new_refs.append(planner_reference(task, replay_env, cfg))
-            gathered = dist.gather(([to_trajectory(e) for e in episodes], [r for r in new_refs if r is not None]))
-            bank.add_group([t for trajs, _ in gathered for t in trajs])
-            for ref in (r for _, refs in gathered for r in refs):
-                bank.add_planner(ref)
-            # 4. route: which turns get distilled
-            rturns = [router.Turn(t.task.task_id, t.traj_id, t.index,
-                                  router.Step(t.signature, t.history, t.observation, t.action)) for t in turns]
-            matches = router.route(rturns, bank, cfg.matcher, rng)
-            # 5. teacher: same weights, privileged context, matched turns only
-            teacher_lp, sd_counts = teacher_signal(model, engine, tokenizer, turns, matches, cfg)
-            # 6. GRPO advantages per task group
-            samples = build_samples(episodes, teacher_lp, cfg.env_cfg.invalid_action_penalty,
-                                    cfg.grpo.norm_adv_by_std)
-            # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
-            t_update = time.perf_counter()
-            getattr(engine, "sleep", lambda: None)()
-            actor = grpo.update(model, optimizer, samples, cfg.grpo, pad_id=tokenizer.pad_token_id,
-                                temperature=cfg.rollout.sampling.temperature, ref_model=ref_model,
-                                dist=dist if dist.enabled else None)
-            # 8. sync the rollout engine, archive the turns, log, checkpoint
-            engine.sync_weights(model)
-            rows = archive_rows(step + 1, episodes, rturns, matches, bank) if cfg.archive_max_turns else []
-            local = {"rollout": episode_stats(episodes), "counters": counters, "sd": sd_counts, "rows": rows,
-                     "route": router.route_metrics(rturns, matches, bank), "times": {
-                         "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
-                         "peak_mem_gb": (torch.cuda.max_memory_allocated(dist.device) / 2**30
-                                         if dist.device.type == "cuda" else 0.0)},
-                     "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
-            everyone = dist.gather(local)
-            if dist.is_main:
-                log_step(out, step + 1, cfg, everyone, actor, bank)
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out, step + 1, model, tokenizer, optimizer, bank, cfg, dist)
+        for step in range(s.start, cfg.steps):
+            train_step(cfg, world, pool, s, step)
     finally:
-        if replay_env is not None:
-            replay_env.close()
-        getattr(engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook uses it)
+        if s.replay_env is not None:
+            s.replay_env.close()
+        getattr(s.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook uses it)
+
+
+def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) -> None:
+    t_step = time.perf_counter()
+    rng = seed_step(cfg.seed, step, world.rank)
+    # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
+    pick = np.random.default_rng([cfg.seed, step]).choice(
+        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
+    tasks = world.shard([s.train_tasks[i] for i in sorted(pick)])
+    # 2. roll out (ordinary prompts only)
+    episodes, counters = rollout.collect_rollouts(s.engine, pool, s.tokenizer, tasks, cfg, tag=f"s{step}r{world.rank}",
+                                                  show_progress=world.is_main)
+    turns = [t for e in episodes for t in e.turns]
+    # 3. reference bank: this group's successes, earlier successes, planner solutions (flag); same on all ranks
+    new_refs = planner_references(cfg, s, tasks) if cfg.router.seed_with_planner else []
+    gathered = world.gather(([rollout.to_trajectory(e) for e in episodes], new_refs))
+    s.bank.add_group([t for trajs, _ in gathered for t in trajs])
+    for ref in (r for _, refs in gathered for r in refs):
+        s.bank.add_planner(ref)
+    # 4. route: which turns get distilled
+    rturns = [router.Turn(t.task.task_id, t.traj_id, t.index,
+                          router.Step(t.signature, t.history_key, t.observation, t.action)) for t in turns]
+    matches = router.route(rturns, s.bank, cfg.matcher, rng)
+    # 5. teacher: same weights, privileged context, matched turns only
+    teacher_lp, sd_counts = teacher.teacher_signal(turns, matches, cfg.context, s.tokenizer, cfg.teacher,
+                                                   teacher_scorer(cfg, s))
+    # 6. GRPO advantages per task group
+    samples = build_samples(episodes, teacher_lp, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
+    # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
+    t_update = time.perf_counter()
+    getattr(s.engine, "sleep", lambda: None)()
+    actor = grpo.update(s.model, s.optimizer, samples, cfg.grpo, pad_id=s.tokenizer.pad_token_id,
+                        temperature=cfg.rollout.sampling.temperature, ref_model=s.ref_model,
+                        world=world if world.enabled else None)
+    # 8. sync the rollout engine, archive the turns, log, checkpoint
+    s.engine.sync_weights(s.model)
+    local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
+             "rows": archive(step + 1, episodes, rturns, matches, s.bank) if cfg.archive_max_turns else [],
+             "route": router.route_metrics(rturns, matches, s.bank), "times": {
+                 "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
+                 "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30
+                                 if world.device.type == "cuda" else 0.0)},
+             "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
+    everyone = world.gather(local)
+    if world.is_main:
+        log_step(Path(cfg.output_dir), step + 1, cfg, everyone, actor, s.bank)
+    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        save_checkpoint(Path(cfg.output_dir), step + 1, s.model, s.tokenizer, s.optimizer, s.bank, cfg, world)
 
 
 def log_step(out: Path, step: int, cfg: Config, everyone: list[dict], actor: dict, bank) -> None:
     """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it, print."""
     def total(key, sub):
         return sum(r[key][sub] for r in everyone)
-    n_turns = sum(len(ts) for r in everyone for *_, ts in r["rollout"])
+    stats = [st for r in everyone for st in r["rollout"]]
+    n_turns = sum(len(st.turns) for st in stats)
     counters = {k: total("counters", k) for k in everyone[0]["counters"]}
     dt = max(r["times"]["step_s"] for r in everyone)
-    dropped = write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
-                            cfg.archive_max_turns) if cfg.archive_max_turns else 0
-    m = {"step": step, **rollout_metrics([s for r in everyone for s in r["rollout"]], counters),
+    dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
+                                    cfg.archive_max_turns) if cfg.archive_max_turns else 0
+    m = {"step": step, **rollout.rollout_metrics(stats, counters),
          "router/match_rate": total("route", "router/matched_turns") / max(n_turns, 1),
          "router/matched_turns": total("route", "router/matched_turns"),
          "router/turns_with_reference": total("route", "router/turns_with_reference"), **bank.metrics(),

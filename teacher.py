@@ -1,28 +1,35 @@
 """The self-distillation teacher: the policy's own weights re-score the student's sampled tokens under a privileged
-prompt.
+prompt, for the turns the router matched.
 
 For a distilled turn the teacher prompt is the chat template over one user message
     teacher_context + "\\n\\n" + the student's ordinary user message,
-so the privileged block sits inside the conversation (SDAR instead pastes it before `<|im_start|>`, anchors.md §2.1).
-The student's response token ids are appended unchanged and scored in one prefill, under `torch.no_grad()`, with the
-weights that sampled the rollout (scoring happens before the update). Batches are packed by length.
+so the privileged block sits inside the conversation (SDAR instead pastes it before `<|im_start|>`). The student's
+response token ids are appended unchanged and scored in one prefill, with the weights that sampled the rollout
+(scoring happens before the update).
 
-Alignment: `grpo.collate` puts every response at the same column P after a left-padded prefix, so the log-prob of the
-first response token comes from the last teacher-prefix position whatever the prefix length (the verl OPSD off-by-one
-trap, anchors.md §6; tested against a hand-sliced forward).
+`teacher_signal` builds the requests from the router's matches and scores them through `score`, the one function
+both backends go through: it applies the length budget and counts the stats; the backend only turns (prompt ids,
+response ids) pairs into log-probs:
+- hf (`hf_scorer`): a transformers forward on the policy module under `torch.no_grad()`, packed by length.
+  Alignment: `models.collate` puts every response at the same column P after a left-padded prefix, so the log-prob of
+  the first response token comes from the last teacher-prefix position whatever the prefix length (the off-by-one
+  trap of verl's on-policy distillation recipe; tested against a hand-sliced forward).
+- vllm (`vllm_scorer`): prompt log-probs on the (synced) vLLM rollout engine (`VLLMEngine.score_logprobs`).
 
-Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR's silent left-truncation,
-anchors.md §8). That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
+Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates silently).
+That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
 """
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
-from grpo import collate, micro_batches, token_logprobs
-from models import chat_ids
+import router
+from models import chat_ids, collate, micro_batches, token_logprobs
+
+Scorer = Callable[[list[list[int]], list[list[int]]], list[list[float]]]  # (prompts, responses) -> log-probs
 
 
 @dataclass
@@ -46,26 +53,59 @@ def teacher_prompt_ids(tokenizer, req: TeacherRequest) -> list[int]:
     return chat_ids(tokenizer, req.context + "\n\n" + req.user_text)
 
 
-@torch.no_grad()
-def score(model, tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, temperature: float = 1.0):
+def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0) -> Scorer:
+    """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode)."""
+    @torch.no_grad()
+    def scorer(prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in prompts]
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
+            batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
+            logp, _ = token_logprobs(model, batch, temperature)  # (B, R)
+            for row, i in enumerate(idx):
+                out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
+        model.train(was_training)
+        return out
+    return scorer
+
+
+def vllm_scorer(engine, temperature: float = 1.0) -> Scorer:
+    """Log-probs of each response after its prompt from vLLM's prompt log-probs (one prefill per pair)."""
+    return lambda prompts, responses: engine.score_logprobs(prompts, responses, temperature)
+
+
+def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer: Scorer):
     """Teacher log-probs of each request's response tokens (None for over-length prompts) and stats."""
     t0 = time.perf_counter()
     prompts = [teacher_prompt_ids(tokenizer, r) for r in requests]
     ok = [i for i, p in enumerate(prompts) if len(p) <= cfg.max_prompt_tokens]
     out: list[list[float] | None] = [None] * len(requests)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    lengths = [len(prompts[i]) + len(requests[i].response_ids) for i in ok]
-    for chunk in micro_batches(lengths, cfg.micro_batch_tokens):
-        idx = [ok[j] for j in chunk]
-        batch = collate([prompts[i] for i in idx], [requests[i].response_ids for i in idx],
-                        tokenizer.pad_token_id).to(device)
-        logp, _ = token_logprobs(model, batch, temperature)  # (B, R)
-        for row, i in enumerate(idx):
-            out[i] = logp[row, :len(requests[i].response_ids)].float().cpu().tolist()
-    model.train(was_training)
+    if ok:
+        for i, lp in zip(ok, scorer([prompts[i] for i in ok], [requests[i].response_ids for i in ok])):
+            out[i] = lp
     stats = {"sd/over_length_turns": len(requests) - len(ok),
              "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in ok),
              "sd/teacher_time_s": time.perf_counter() - t0}
     return out, stats
+
+
+def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: TeacherConfig, scorer: Scorer):
+    """Teacher log-probs for matched turns (None elsewhere and for over-length prompts) and summable sd/ counts.
+    `turns` are rollout.Turns (user_text, signature, response_ids, sample_logprobs), `context` the variant."""
+    picked = [i for i, m in enumerate(matches) if m is not None]
+    requests = [TeacherRequest(turns[i].user_text,
+                               router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature),
+                               turns[i].response_ids) for i in picked]
+    scored, stats = score(tokenizer, requests, cfg, scorer)
+    teacher_lp: list[list[float] | None] = [None] * len(turns)
+    gap_sum = 0.0
+    for i, lp in zip(picked, scored):
+        teacher_lp[i] = lp
+        if lp is not None:
+            gap_sum += sum(a - b for a, b in zip(lp, turns[i].sample_logprobs))
+    distilled = [i for i in picked if teacher_lp[i] is not None]
+    stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
+                  "sd/distilled_tokens": sum(len(turns[i].response_ids) for i in distilled)})
+    return teacher_lp, stats

@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 def tiny():
     """(model, tokenizer) of the embedded tiny Qwen3, loaded through from_pretrained."""
     import torch
+    from embedded.warmstart import resolve
     from models import load_model
     torch.manual_seed(0)
-    return load_model("tiny")
+    return load_model(resolve("tiny"))

@@ -1,4 +1,4 @@
-"""Tests of the ALFWorld game generator (alfworld_games.py) against the real engine and its planner.
+"""Tests of the ALFWorld game generator (environments/alfworld_games.py) against the real engine and its planner.
 
 Every generated task type is solved by the engine's Fast Downward planner and the replayed plan wins; one real-size
 game too. Generation is deterministic, idempotent, and train/eval seeds are disjoint.
@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-import alfworld_games
+import envs
+from environments import alfworld_games
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None or
                                 importlib.util.find_spec("textworld") is None, reason="alfworld not installed")
@@ -69,10 +70,9 @@ def test_train_and_eval_are_disjoint():
 
 
 def _solve(env, task, planner_timeout_s=60.0):
-    import envpool
     first = env.reset(task)
     assert not first.won and not first.done
-    result = envpool.plan(task, [], planner_timeout_s)
+    result = envs.plan(env.cfg, task, [], planner_timeout_s)
     assert result.status == "ok" and result.actions, result
     for action in result.actions:
         r = env.step(action)
@@ -80,8 +80,8 @@ def _solve(env, task, planner_timeout_s=60.0):
 
 
 def test_planner_solves_every_small_task_type(small_train):
-    import envs
-    env = envs.AlfworldEnv(envs.AlfworldConfig())
+    from environments.alfworld import AlfworldConfig
+    env = envs.make_env(AlfworldConfig())
     for i, path in enumerate(small_train):
         task = envs.Task(f"alfworld/gen-train/{i:05d}", alfworld_games.TASK_TYPES[i], "alfworld", path)
         r, plan = _solve(env, task)
@@ -89,11 +89,11 @@ def test_planner_solves_every_small_task_type(small_train):
 
 
 def test_real_size_game_is_in_range_and_solvable(cache_dir):
-    import envs
+    from environments.alfworld import AlfworldConfig
     paths = alfworld_games.generate("eval", 4, "real", seed=0, cache_dir=cache_dir)
     with open(paths[3]) as f:
         n_recep, n_obj = _counts(json.load(f)["pddl_problem"])
     assert 15 <= n_recep <= 25 and 20 <= n_obj <= 40, (n_recep, n_obj)
     task = envs.Task("alfworld/gen-eval/00003", alfworld_games.TASK_TYPES[3], "alfworld", paths[3])
-    r, _ = _solve(envs.AlfworldEnv(envs.AlfworldConfig()), task)
+    r, _ = _solve(envs.make_env(AlfworldConfig()), task)
     assert r.won

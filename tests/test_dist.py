@@ -1,7 +1,9 @@
-"""Multi-process training on CPU (gloo): torchrun smoke run, gradients equal to one process, kill and resume.
+"""Multi-process training on CPU (gloo): torchrun smoke run, gradients equal to one process, kill and resume, the
+process group destroyed on exit.
 
 Run: pytest tests/test_dist.py -q   (about 3 minutes on 2 cores)
 """
+import gzip
 import json
 import os
 import shutil
@@ -11,13 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as td
 import torch.multiprocessing as tmp_mp
 
 import grpo
-from dist import Dist
 from grpo import GRPOConfig, Sample
+from scale.distributed import World, close, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -33,9 +36,9 @@ def _samples():
                                            (7, 7, -0.7)])]
 
 
-def _grads(model, samples, dist=None):
+def _grads(model, samples, world=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    grpo.update(model, opt, samples, GRPOConfig(kl_coef=0.0, max_grad_norm=1e9), pad_id=0, dist=dist)
+    grpo.update(model, opt, samples, GRPOConfig(kl_coef=0.0, max_grad_norm=1e9), pad_id=0, world=world)
     return torch.cat([p.grad.flatten() for p in grpo_module(model).parameters()])
 
 
@@ -48,13 +51,13 @@ def _rank_main(rank, port, model_dir, out):
     td.init_process_group("gloo", rank=rank, world_size=2)
     from transformers import AutoModelForCausalLM
     model = torch.nn.parallel.DistributedDataParallel(AutoModelForCausalLM.from_pretrained(model_dir))
-    g = _grads(model, _samples()[rank::2], Dist(rank=rank, world_size=2))
+    g = _grads(model, _samples()[rank::2], World(rank=rank, world_size=2))
     torch.save(g, Path(out) / f"grad{rank}.pt")
     td.destroy_process_group()
 
 
 def test_gradients_split_over_two_ranks_equal_one_process(tiny, tmp_path):
-    from models import resolve
+    from embedded.warmstart import resolve
     model, _ = tiny
     single = _grads(__import__("copy").deepcopy(model), _samples())
     with socket.socket() as s:
@@ -83,7 +86,15 @@ def test_torchrun_two_processes_run_two_steps(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]                  # rank 0 alone logs
     assert log.count("step 1/2 |") == 1
     assert rows[0]["rollout/turns"] > 0 and rows[0]["actor/tokens"] > 0
-    # both ranks' episodes are in the metrics: 2 task groups x 2 rollouts, one group per rank
+    # both ranks' episodes are in the metrics: 2 task groups x 2 rollouts, one group per rank (trajectory ids carry the
+    # step and the rank that played them), and the logged turn count is over all 4 episodes
+    with gzip.open(tmp_path / "rollouts.jsonl.gz", "rt") as f:
+        archived = [json.loads(line) for line in f]
+    for step, row in enumerate(rows):
+        turns = [t for t in archived if t["step"] == step + 1]
+        assert {t["traj_id"].split("-")[0] for t in turns} == {f"s{step}r0", f"s{step}r1"}
+        assert len({t["traj_id"] for t in turns if t["turn"] == 0}) == 4
+        assert row["rollout/turns"] * 4 == pytest.approx(len(turns))
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(tmp_path / "step_000002")
 
@@ -109,3 +120,16 @@ def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
     assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))  # no step lost, none logged twice
     assert (tmp_path / "latest").read_text().strip() == "step_000008"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_close_destroys_the_group_init_distributed_started(monkeypatch):
+    """Also a one-process torchrun group (world size 1): on CUDA, NCCL warns about leaked resources otherwise."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(k, v)
+    world = init_distributed("cpu")
+    assert td.is_initialized() and world.owns_process_group and not world.enabled
+    close(world)
+    assert not td.is_initialized()

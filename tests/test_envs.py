@@ -1,4 +1,5 @@
-"""Tests of envs.py / envpool.py on the real ALFWorld engine (generated games, and the official sample).
+"""Tests of envs.py and environments/{alfworld,pool,planner}.py on the real ALFWorld engine (generated games, and
+the official sample).
 
 Covers: intro text and admissible actions, 'Nothing happens.', rewards and the step limit, state signatures
 (equal for equal states reached by different paths, different when any documented field differs), the history
@@ -16,29 +17,33 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import envs
+from environments import alfworld
+from environments.alfworld import AlfworldConfig, AlfworldEnv
+from environments.planner import Planner
+from environments.pool import EnvPool
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None or
                                 importlib.util.find_spec("textworld") is None, reason="alfworld not installed")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OFFICIAL = next((d for d in (envs.AlfworldConfig().data_dir, os.path.join(REPO, "..", "shared", "alfworld_data"))
+OFFICIAL = next((d for d in (alfworld.ALFWORLD_DATA, os.path.join(REPO, "..", "shared", "alfworld_data"))
                  if d and os.path.isdir(os.path.join(d, "json_2.1.1", "train"))), None)
 needs_official = pytest.mark.skipif(OFFICIAL is None, reason="no official ALFWorld sample (set ALFWORLD_DATA)")
 
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
-    return envs.AlfworldConfig(num_train_games=6, num_eval_games=6, cache_dir=str(tmp_path_factory.mktemp("gen")),
+    return AlfworldConfig(num_train_games=6, num_eval_games=6, cache_dir=str(tmp_path_factory.mktemp("gen")),
                                num_workers=2)
 
 
 @pytest.fixture(scope="module")
 def tasks(cfg):
-    return envs.load_tasks("alfworld", cfg, "train")
+    return envs.load_tasks(cfg, "train")
 
 
 @pytest.fixture(scope="module")
 def env(cfg):
-    e = envs.make_env("alfworld", cfg)
+    e = envs.make_env(cfg)
     yield e
     e.close()
 
@@ -58,10 +63,10 @@ def run(env, task, actions):
 
 def test_load_tasks_generated_is_pinned_and_typed(cfg, tasks):
     assert [t.task_id for t in tasks] == [f"alfworld/gen-train/{i:05d}" for i in range(6)]
-    assert [t.task_type for t in tasks] == list(envs.TASK_TYPES)
+    assert [t.task_type for t in tasks] == list(alfworld.TASK_TYPES)
     assert all(os.path.isabs(t.source) and t.task_type in t.source for t in tasks)
-    assert envs.load_tasks("alfworld", cfg, "train") == tasks
-    assert not {t.source for t in tasks} & {t.source for t in envs.load_tasks("alfworld", cfg, "eval")}
+    assert envs.load_tasks(cfg, "train") == tasks
+    assert not {t.source for t in tasks} & {t.source for t in envs.load_tasks(cfg, "eval")}
 
 
 def test_intro_and_admissible(env, tasks):
@@ -84,7 +89,7 @@ def test_bad_action_nothing_happens(env, tasks):
 
 
 def test_step_limit_truncates(tasks):
-    short = envs.AlfworldEnv(envs.AlfworldConfig(max_steps=3))
+    short = AlfworldEnv(AlfworldConfig(max_steps=3))
     short.reset(tasks[0])
     rs = [short.step("look") for _ in range(3)]
     assert [r.done for r in rs] == [False, False, True] and rs[-1].info["truncated"] and not rs[-1].won
@@ -94,11 +99,11 @@ def test_step_limit_truncates(tasks):
 
 def test_normalise_action_both_grammars():
     new, old = ["move mug 1 to shelf 1", "look"], ["put mug 1 in/on shelf 1", "look"]
-    assert envs.normalise_action("put mug 1 in shelf 1", new) == "move mug 1 to shelf 1"
-    assert envs.normalise_action("put mug 1 on shelf 1", new) == "move mug 1 to shelf 1"
-    assert envs.normalise_action("move mug 1 to shelf 1", old) == "put mug 1 in/on shelf 1"
-    assert envs.normalise_action("put mug 1 in/on shelf 1", new) == "move mug 1 to shelf 1"
-    assert envs.normalise_action("move mug 2 to shelf 1", new) == "move mug 2 to shelf 1"  # not admissible: as is
+    assert alfworld.normalise_action("put mug 1 in shelf 1", new) == "move mug 1 to shelf 1"
+    assert alfworld.normalise_action("put mug 1 on shelf 1", new) == "move mug 1 to shelf 1"
+    assert alfworld.normalise_action("move mug 1 to shelf 1", old) == "put mug 1 in/on shelf 1"
+    assert alfworld.normalise_action("put mug 1 in/on shelf 1", new) == "move mug 1 to shelf 1"
+    assert alfworld.normalise_action("move mug 2 to shelf 1", new) == "move mug 2 to shelf 1"  # not admissible: as is
 
 
 # ---------------------------------------------------------------------------------------------- signatures
@@ -121,18 +126,17 @@ def test_signature_equal_for_equal_states_by_different_paths(env, tasks):
     assert detour[-1].signature == direct.signature
     assert sig(detour[1])["opened"] != sig(detour[2])["opened"] == (recep,)  # the open state itself differs
     # the history key tells the two paths apart
-    keys = [envs.history_signature("", "", detour[0].observation)]
+    keys = [envs.history_key("", "", detour[0].observation)]
     for a, r in zip([go, f"open {recep}", f"close {recep}"], detour[1:]):
-        keys.append(envs.history_signature(keys[-1], a, r.observation))
-    assert keys[-1] != envs.history_signature(keys[0], go, direct.observation) and len(set(keys)) == 4
+        keys.append(envs.history_key(keys[-1], a, r.observation))
+    assert keys[-1] != envs.history_key(keys[0], go, direct.observation) and len(set(keys)) == 4
     again = run(env, task, [go])[-1]
     assert again.signature == direct.signature and hash(again.signature) == hash(direct.signature)
 
 
 def test_signature_differs_in_each_field(env, tasks):
-    import envpool
     task = tasks[2]  # pick_clean_then_place_in_recep: walks through every field
-    plan = envpool.plan(task, [], 60).actions
+    plan = envs.plan(env.cfg, task, [], 60).actions
     rs = run(env, task, plan)
     assert rs[-1].won and sig(rs[-1])["progress"][-1].startswith("clean ")
     take = next(i for i, a in enumerate(plan) if a.startswith("take ")) + 1
@@ -200,17 +204,19 @@ def test_parse_action_webshop_fallback_is_20_chars():
 
 
 @pytest.mark.parametrize("data_dir", ["", "/nonexistent/alfworld", "EMPTY"])
-def test_missing_official_data_is_one_clear_error(data_dir, tmp_path):
+def test_missing_official_data_is_one_clear_error(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(alfworld, "ALFWORLD_DATA", "")  # an empty data_dir falls back to $ALFWORLD_DATA
     if data_dir == "EMPTY":
         (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
         data_dir = str(tmp_path)
     with pytest.raises(envs.DataError) as e:
-        envs.load_tasks("alfworld", envs.AlfworldConfig(source="official", data_dir=data_dir), "train")
+        envs.load_tasks(AlfworldConfig(source="official", data_dir=data_dir), "train")
     assert all(s in str(e.value) for s in ("ALFWORLD_DATA", "alfworld-download", "--alfworld.source generated"))
 
 
 def test_missing_alfworld_data_from_a_fresh_process():
-    code = "import envs; envs.load_tasks('alfworld', envs.AlfworldConfig(source='official'), 'train')"
+    code = ("import envs; from environments.alfworld import AlfworldConfig; "
+            "envs.load_tasks(AlfworldConfig(source='official'), 'train')")
     env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("envs.DataError: ")
@@ -222,12 +228,11 @@ def test_missing_alfworld_data_from_a_fresh_process():
 
 @needs_official
 def test_official_sample_loads_and_planner_solves_every_game():
-    import envpool
-    official = envs.load_tasks("alfworld", envs.AlfworldConfig(source="official", data_dir=OFFICIAL), "train")
-    assert len(official) == 12 and {t.task_type for t in official} == set(envs.TASK_TYPES)
+    official = envs.load_tasks(AlfworldConfig(source="official", data_dir=OFFICIAL), "train")
+    assert len(official) == 12 and {t.task_type for t in official} == set(alfworld.TASK_TYPES)
 
     def solve(tasks_half):  # one planner process per thread: the 12 games take ~35 s of planning in total
-        planner, out = envpool.Planner(), []
+        planner, out = Planner(AlfworldConfig(max_steps=10**9)), []
         for task in tasks_half:
             plan = planner.plan(task, [], 120)
             replay = planner.plan(task, plan.actions or [], 120)  # replays the plan from reset in the engine
@@ -241,14 +246,20 @@ def test_official_sample_loads_and_planner_solves_every_game():
 
 
 @needs_official
+def test_official_data_dir_falls_back_to_alfworld_data(monkeypatch):
+    """A run's saved config may predate $ALFWORLD_DATA (data_dir ""): the loader reads the variable, in one place."""
+    monkeypatch.setattr(alfworld, "ALFWORLD_DATA", OFFICIAL)
+    assert len(envs.load_tasks(AlfworldConfig(source="official", data_dir=""), "train")) == 12
+
+
+@needs_official
 def test_official_old_grammar_move_is_normalised():
-    import envpool
-    task = envs.load_tasks("alfworld", envs.AlfworldConfig(source="official", data_dir=OFFICIAL), "train")[2]
+    task = envs.load_tasks(AlfworldConfig(source="official", data_dir=OFFICIAL), "train")[2]
     assert "pick_and_place_simple" in task.source
-    plan = envpool.plan(task, [], 120).actions
+    plan = envs.plan(AlfworldConfig(), task, [], 120).actions
     assert plan[-1].startswith("put ") and " in/on " in plan[-1]
     obj, recep = plan[-1][4:].split(" in/on ")
-    env = envs.AlfworldEnv(envs.AlfworldConfig())
+    env = AlfworldEnv(AlfworldConfig())
     r = env.reset(task)
     assert r.observation.startswith("-= Welcome to TextWorld, ALFRED! =-") and "help" not in r.admissible
     for a in plan[:-1]:
@@ -261,13 +272,12 @@ def test_official_old_grammar_move_is_normalised():
 
 
 def test_envpool_matches_in_process(cfg, tasks):
-    import envpool
-    scripts = [["look", "fly", "inventory"], ["go to " + envs.AlfworldEnv(cfg).reset(tasks[1]).admissible[0][6:]],
-               envpool.plan(tasks[3], [], 60).actions]
+    scripts = [["look", "fly", "inventory"], ["go to " + AlfworldEnv(cfg).reset(tasks[1]).admissible[0][6:]],
+               envs.plan(cfg, tasks[3], [], 60).actions]
     chosen = [tasks[0], tasks[1], tasks[3]]
     results = {}
     for n in (0, 2):
-        with envpool.EnvPool("alfworld", cfg, num_workers=n) as pool:
+        with EnvPool(cfg, num_workers=n) as pool:
             out = pool.reset([0, 1, 2], chosen)
             for t in range(max(map(len, scripts))):
                 slots = [s for s in range(3) if t < len(scripts[s])]
@@ -280,8 +290,7 @@ def test_envpool_matches_in_process(cfg, tasks):
 
 
 def test_envpool_errors_name_task_and_action_and_never_hang(cfg, tasks):
-    import envpool
-    pool = envpool.EnvPool("alfworld", cfg, num_workers=2)
+    pool = EnvPool(cfg, num_workers=2)
     pool.reset([0, 1], tasks[:2])
     with pytest.raises(envs.EnvError, match=r"(?s)slot 1 \(step, action None; task alfworld/gen-train/00001"):
         pool.step([0, 1], ["look", None])
@@ -291,15 +300,14 @@ def test_envpool_errors_name_task_and_action_and_never_hang(cfg, tasks):
         pool.step([0, 1], ["look", "look"])
     with pytest.raises(envs.EnvError, match="closed"):
         pool.step([0], ["look"])
-    slow = envpool.EnvPool("alfworld", envs.AlfworldConfig(**{**cfg.__dict__, "step_timeout_s": 0.01}), 1)
+    slow = EnvPool(AlfworldConfig(**{**cfg.__dict__, "step_timeout_s": 0.01}), 1)
     with pytest.raises(envs.EnvError, match="no answer within"):
         slow.reset([0], tasks[:1])
 
 
 def test_planner_timeout_is_reported_not_hung(tasks):
     import time
-    import envpool
-    planner = envpool.Planner()
+    planner = Planner(AlfworldConfig(max_steps=10**9))
     t0 = time.perf_counter()
     r = planner.plan(tasks[5], [], 0.001)
     assert r.status == "timeout" and r.actions is None and time.perf_counter() - t0 < 30

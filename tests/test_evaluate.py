@@ -1,4 +1,4 @@
-"""Tests of evaluate.py and its companions (audits.py, intervention.py, plots.py), CPU only.
+"""Tests of evaluate.py and its companions in analysis/ (audits.py, intervention.py, plots.py), CPU only.
 
 - metrics: Avg@k / Pass@k and the repeated 4-gram ratio against hand-computed values;
 - matcher comparison on a constructed archive with known overlaps;
@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import audits
 import envs
 import evaluate
-import intervention
 import rollout
 import smrc
-from envpool import plan
+from analysis import audits, intervention
+from environments.alfworld import AlfworldConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,10 +92,10 @@ def test_matcher_comparison_on_known_overlaps():
 @pytest.fixture(scope="module")
 def game(tmp_path_factory):
     """A generated small ALFWorld game whose planner solution takes an object, with the solution."""
-    cfg = envs.AlfworldConfig(source="generated", room_size="small", num_train_games=6, max_steps=50,
+    cfg = AlfworldConfig(source="generated", room_size="small", num_train_games=6, max_steps=50,
                               require_think=False, cache_dir=str(tmp_path_factory.mktemp("alfworld_gen")))
-    for task in envs.load_tasks("alfworld", cfg, "train"):
-        p = plan(task, [], 60.0)
+    for task in envs.load_tasks(cfg, "train"):
+        p = envs.plan(cfg, task, [], 60.0)
         if p.status == "ok" and any(a.startswith("take ") for a in p.actions):
             return cfg, task, p.actions
     pytest.fail("no generated game with a 'take' in its plan")
@@ -105,13 +104,13 @@ def game(tmp_path_factory):
 def _archive(cfg, task, actions_before, matched_turn_match):
     """Rows of one student trajectory: 'inventory' first (history differs, state does not), then actions_before;
     the last row is the matched turn."""
-    env = envs.make_env("alfworld", cfg)
+    env = envs.make_env(cfg)
     res, rows = env.reset(task), []
     student = ["inventory"] + actions_before + ["<matched turn>"]
     for i, a in enumerate(student):
         rows.append({"step": 1, "task_id": task.task_id, "task_type": task.task_type, "source": task.source,
                      "traj_id": "s0-0-0", "turn": i, "action": a, "signature": json.loads(json.dumps(res.signature)),
-                     "history": "", "structured": None, "history_match": None, "match": None})
+                     "history_key": "", "structured": None, "history_match": None, "match": None})
         if i < len(student) - 1:
             res = env.step(a)
     env.close()
@@ -124,21 +123,21 @@ def test_replay_audit_correct_candidate_replays_and_corrupted_fails(game):
     t = next(i for i, a in enumerate(actions) if a.startswith("take "))
     match = {"ref": "planner", "position": t, "candidate": actions[t], "ref_suffix": actions[t:]}
     rows = _archive(cfg, task, actions[:t], match)
-    good = audits.replay_audit(rows, "alfworld", cfg, ("structured",), samples=10, show_progress=False)["structured"]
+    good = audits.replay_audit(rows, cfg, ("structured",), samples=10, show_progress=False)["structured"]
     assert (good["audited"], good["successes"], good["restore_failed"], good["summary"]) == (1, 1, 0, "1/1")
 
     bad_rows = copy.deepcopy(rows)
     bad_rows[-1]["structured"]["candidate"] = "look"  # the object is never taken: the suffix cannot succeed
-    bad = audits.replay_audit(bad_rows, "alfworld", cfg, ("structured",), show_progress=False)["structured"]
+    bad = audits.replay_audit(bad_rows, cfg, ("structured",), show_progress=False)["structured"]
     assert (bad["audited"], bad["successes"], bad["failures"], bad["summary"]) == (1, 0, 1, "0/1")
 
     lost = copy.deepcopy(rows)
     lost[-1]["signature"][1][1] = ["nowhere 9"]  # the archived state cannot be restored: not a match failure
-    lost = audits.replay_audit(lost, "alfworld", cfg, ("structured",), show_progress=False)["structured"]
+    lost = audits.replay_audit(lost, cfg, ("structured",), show_progress=False)["structured"]
     assert (lost["audited"], lost["restore_failed"], lost["summary"]) == (0, 1, "0/0")
 
     gap = [r for r in rows if r["turn"] != 1]  # an earlier turn missing from the archive
-    missing = audits.replay_audit(gap, "alfworld", cfg, ("structured",), show_progress=False)["structured"]
+    missing = audits.replay_audit(gap, cfg, ("structured",), show_progress=False)["structured"]
     assert missing["prefix_missing"] == 1 and missing["audited"] == 0
 
 
@@ -186,13 +185,27 @@ def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_pat
 def tiny_checkpoint(tmp_path_factory):
     """A tiny-preset checkpoint as the trainer writes it (save_pretrained + tokenizer + smrc_config.json), with the
     untrained weights: what evaluate.py reads is the format."""
+    from embedded.warmstart import resolve
     from models import load_model
-    model, tok = load_model("tiny")
+    model, tok = load_model(resolve("tiny"))
     ckpt = tmp_path_factory.mktemp("tiny_run") / "step_000001"
     model.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     (ckpt / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(smrc.tiny_preset()), indent=1))
     return ckpt
+
+
+def test_config_from_run_restores_a_saved_config_and_reports_unknown_keys(tmp_path, capsys):
+    saved = dataclasses.asdict(smrc.parse_config(["--preset", "tiny", "--env", "webshop", "--webshop.catalog-seed", "3",
+                                                  "--router.matcher", "history"]))
+    saved["alfworld"]["data_dir"] = ""        # a run saved before ALFWORLD_DATA was set
+    saved["from_the_future"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    cfg = smrc.config_from_run(tmp_path, "none")
+    assert (cfg.env, cfg.webshop.catalog_seed, cfg.matcher, cfg.model) == ("webshop", 3, "history", "tiny-agent")
+    assert cfg.alfworld.task_types == smrc.tiny_preset().alfworld.task_types  # JSON lists come back as tuples
+    assert "from_the_future" in capsys.readouterr().out
+    assert smrc.config_from_run(None, "tiny") == smrc.tiny_preset()
 
 
 @pytest.mark.parametrize("env_name", ["alfworld", "webshop"])

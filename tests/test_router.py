@@ -198,7 +198,7 @@ def test_route_metrics():
     bank = bank_with(REF, DETOUR)
     turns = turns_of(DETOUR) + turns_of(short("q", 2, task="t1"))
     metrics = route_metrics(turns, route(turns, bank, "structured", random.Random(0)), bank)
-    assert metrics == {"router/match_rate": 3 / 6, "router/matched_turns": 3.0, "router/turns_with_reference": 4.0}
+    assert metrics == {"router/matched_turns": 3.0, "router/turns_with_reference": 4.0}  # the rate: smrc.log_step
 
 
 # ---------------------------------------------------------------------------------------------- text

@@ -40,7 +40,7 @@ def smrc_run(tmp_path_factory):
 
 def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(smrc_run):
     from transformers import AutoModelForCausalLM
-    from models import resolve
+    from embedded.warmstart import resolve
     rows = metrics(smrc_run)
     assert [r["step"] for r in rows] == [1, 2]
     trained = AutoModelForCausalLM.from_pretrained(smrc_run / "step_000002")
@@ -61,23 +61,29 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run):
     with gzip.open(smrc_run / "rollouts.jsonl.gz", "rt") as f:
         turns = [json.loads(line) for line in f]
     assert len(turns) == sum(r["rollout/turns"] * 6 for r in rows)
-    for t in turns:  # structured routing: a routed turn's state equals the reference's state at that position
-        assert t["routed"] == (t["structured"] is not None)
+    assert sum(t["routed"] for t in turns) == sum(r["router/matched_turns"] for r in rows) > 0
+    for t in turns:  # structured routing: a routed turn's state equals the reference's state at the matched position
+        assert (t["match"] is None) == (not t["routed"])
+        if t["routed"]:
+            assert t["match"]["ref_signature"] == t["signature"], t
+            assert t["match"]["candidate"] == t["match"]["ref_suffix"][0]
 
 
 def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
     """The prompts the policy acts on (training rollouts and evaluation alike) contain no reference, summary,
     candidate or signature text, whichever algorithm runs."""
+    import envs
+    import rollout
     import router
     import smrc
-    from envpool import EnvPool
+    from environments.pool import EnvPool
     from models import HFEngine
     model, tok = tiny
     cfg = smrc.parse_config(FAST)
-    tasks = __import__("envs").load_tasks("alfworld", cfg.alfworld, "train")[:2]
+    tasks = envs.load_tasks(cfg.alfworld, "train")[:2]
     engine = HFEngine(model, tok, cfg.rollout.sampling)
-    with EnvPool("alfworld", cfg.alfworld, 0) as pool:
-        eps, _ = smrc.collect_rollouts(engine, pool, tok, tasks, cfg, tag="t", show_progress=False)
+    with EnvPool(cfg.alfworld, 0) as pool:
+        eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg, tag="t", show_progress=False)
     markers = [router.SUMMARY_TEMPLATE.split("\n")[0], router.CANDIDATE_TEMPLATE.split("\n")[0][:20],
                router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.CLOSING_TEMPLATE, "('task',", "signature"]
     for t in (t for e in eps for t in e.turns):

@@ -1,4 +1,5 @@
-"""teacher.py: exact response alignment after a longer privileged prefix, no autograd, same weights, length budget.
+"""teacher.py: exact response alignment after a longer privileged prefix, no autograd, same weights, length budget,
+and teacher_signal building requests from matches only.
 
 Run: pytest tests/test_teacher.py -q
 """
@@ -18,10 +19,15 @@ def _requests(tok):
             TeacherRequest("x", "", [5, 6, 7, 8, 9, 10, 11])]
 
 
+def _score(model, tok, reqs, cfg=TeacherConfig(), temperature=1.0):
+    return teacher.score(tok, reqs, cfg, teacher.hf_scorer(model, tok.pad_token_id, cfg.micro_batch_tokens,
+                                                          temperature))
+
+
 def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
     model, tok = tiny
     reqs = _requests(tok)
-    scored, stats = teacher.score(model, tok, reqs, TeacherConfig())
+    scored, stats = _score(model, tok, reqs)
     for req, lp in zip(reqs, scored):
         prompt = chat_ids(tok, req.context + "\n\n" + req.user_text)
         ids = torch.tensor([prompt + req.response_ids])
@@ -43,11 +49,11 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
     grad_modes = []
     hook = m.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
     reqs = _requests(tok)[:1]
-    before, _ = teacher.score(m, tok, reqs, TeacherConfig())
+    before, _ = _score(m, tok, reqs)
     assert grad_modes == [False] and all(p.grad is None for p in m.parameters())
     with torch.no_grad():  # change the policy's weights: the teacher must see the change (same weights, no copy)
         m.lm_head.weight.mul_(2.0) if not m.config.tie_word_embeddings else m.model.embed_tokens.weight.mul_(2.0)
-    after, _ = teacher.score(m, tok, reqs, TeacherConfig())
+    after, _ = _score(m, tok, reqs)
     hook.remove()
     assert not torch.allclose(torch.tensor(before[0]), torch.tensor(after[0]))
 
@@ -57,7 +63,7 @@ def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     reqs = _requests(tok)
     lengths = [len(chat_ids(tok, r.context + "\n\n" + r.user_text)) for r in reqs]
     budget = sorted(lengths)[1]  # the longest prompt is over the budget
-    scored, stats = teacher.score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
+    scored, stats = _score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
     over = [i for i, n in enumerate(lengths) if n > budget]
     assert stats["sd/over_length_turns"] == len(over) == 1
     assert all((lp is None) == (i in over) for i, lp in enumerate(scored))

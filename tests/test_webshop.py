@@ -1,21 +1,24 @@
-"""WebShop: the embedded engine's exact pages, transitions, reward, oracle, signatures, prompt, official adapter.
+"""WebShop (environments/webshop*.py): the embedded engine's exact pages, transitions, reward, oracle, signatures,
+prompt, official adapter.
 
-What is pinned: golden transcripts of every page type for the default seeds (envs.md 2.3/2.4 strings), the invalid-
-action and step-limit rules, get_reward against hand-computed values (and each documented deviation), the oracle on
-100 eval goals, signatures that see option clicks the text hides, verl-agent's prompt text, and the adapter driving a
-duck-typed WebAgentTextEnv both directly and through the WEBSHOP_ROOT import path.
+What is pinned: golden transcripts of every page type for the default seeds (upstream WebShop's page strings), the
+invalid-action and step-limit rules, get_reward against hand-computed values (and each documented deviation), the
+oracle on 100 eval goals, the planner working in the run's own shop, signatures that see option clicks the text
+hides, verl-agent's prompt text, and the adapter driving a duck-typed WebAgentTextEnv both directly and through the
+WEBSHOP_ROOT import path.
 
 Run: .venv/bin/python -m pytest tests/test_webshop.py -q   (about 2 s on CPU)
 """
+import dataclasses
 import itertools
 import sys
 
 import pytest
 
-import webshop
-import webshop_catalog
-import webshop_reward
+import envs
+import rollout
 from envs import StepResult, Task
+from environments import webshop, webshop_catalog, webshop_engine, webshop_reward
 
 CFG = webshop.WebShopConfig()
 INSTR = ("i would like hidden zipper throw pillow covers with machine wash with color: pink, and size: 20 x 20 inch, "
@@ -73,7 +76,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def task0():
-    return webshop.load_tasks(CFG, "eval")[0]
+    return envs.load_tasks(CFG, "eval")[0]
 
 
 def _field(res: StepResult, name: str):
@@ -88,10 +91,10 @@ def test_catalogue_and_goal_counts_are_pinned_and_deterministic():
     assert len({p['category'] for p in shop}) == 5 and len({p['query'] for p in shop}) == 30
     assert webshop_catalog.build_products(1000, 0) == shop
     assert webshop_catalog.build_products(1000, 1) != shop
-    assert len(webshop.load_tasks(CFG, "eval")) == 500 and len(webshop.load_tasks(CFG, "train")) == 4789
-    tasks = webshop.load_tasks(CFG, "eval")
+    assert len(envs.load_tasks(CFG, "eval")) == 500 and len(envs.load_tasks(CFG, "train")) == 4789
+    tasks = envs.load_tasks(CFG, "eval")
     assert tasks[7] == Task("webshop/00007", "webshop", "webshop", "7")
-    assert webshop.load_tasks(CFG, "train")[0].source == "500"
+    assert envs.load_tasks(CFG, "train")[0].source == "500"
 
 
 def test_goals_follow_get_synthetic_goals():
@@ -326,7 +329,7 @@ def test_signature_sees_option_clicks_the_text_does_not(env, task0):
 # ---------------------------------------------------------------------------------------------- expert
 
 def test_oracle_reaches_full_reward_on_100_eval_goals(env):
-    tasks = webshop.load_tasks(CFG, "eval")[::5]
+    tasks = envs.load_tasks(CFG, "eval")[::5]
     assert len(tasks) == 100
     for task in tasks:
         actions = webshop.oracle_actions(task, CFG)
@@ -356,6 +359,21 @@ def test_plan_continues_from_any_prefix(env, task0):
     assert webshop.plan(task0, ["foo"] * 3, 5.0, tight).status == "unsolvable"  # 5 steps needed, 3 left
 
 
+def test_planner_plans_in_the_runs_shop_not_the_default_one():
+    """--router.seed-with-planner on a non-default catalogue: the dispatcher passes the run's config to the planner,
+    so the reference comes from the shop the student plays in (it used to fall back to WebShopConfig())."""
+    other = webshop.WebShopConfig(catalog_seed=1)
+    task = envs.load_tasks(other, "eval")[3]
+    p = envs.plan(other, task, [])
+    assert p.status == "ok" and p.actions == webshop.oracle_actions(task, other)
+    assert p.actions != webshop.oracle_actions(task, CFG)
+    env = envs.make_env(dataclasses.replace(other, max_steps=10**6))
+    ref = rollout.reference(env, task, p.actions)
+    assert ref is not None and ref.success and len(ref.steps) == len(p.actions)
+    assert not rollout.replay(env, task, webshop.oracle_actions(task, CFG)).won  # the default shop's plan fails here
+    env.close()
+
+
 # ---------------------------------------------------------------------------------------------- prompt
 
 NO_HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \nYour task "
@@ -378,19 +396,19 @@ HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011com
 
 def test_prompt_is_verl_agents_webshop_template():
     acts = ['search[<your query>]', 'click[search]']
-    assert webshop.build_prompt("G", [], 0, "'Search'", acts, 2) == NO_HIS.format(
+    assert envs.build_prompt("webshop", "G", [], 0, "'Search'", acts, 2) == NO_HIS.format(
         task_description="G", current_observation="'Search'",
         available_actions="'search[<your query>]',\n'click[search]',")
     history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
-    assert webshop.build_prompt("G", history, 3, "O", ["click[x]"], 2) == HIS.format(
+    assert envs.build_prompt("webshop", "G", history, 3, "O", ["click[x]"], 2) == HIS.format(
         task_description="G", step_count=3, history_length=2, current_step=4, current_observation="O",
         action_history="[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']",
         available_actions="'click[x]',")
-    assert webshop.build_prompt("G", history, 3, "O", ["click[x]"], 0) == webshop.build_prompt("G", [], 0, "O",
-                                                                                              ["click[x]"], 2)
+    no_history = envs.build_prompt("webshop", "G", [], 0, "O", ["click[x]"], 2)
+    assert envs.build_prompt("webshop", "G", history, 3, "O", ["click[x]"], 0) == no_history
     long_history = [("x" * 7000, "a")] * 2  # over 13,000 characters: verl-agent drops the history
-    assert webshop.build_prompt("G", long_history, 2, "O", [], 2) == webshop.build_prompt("G", [], 0, "O", [], 2)
-    no_think = webshop.build_prompt("G", [], 0, "O", [], 2, require_think=False)
+    assert envs.build_prompt("webshop", "G", long_history, 2, "O", ["click[x]"], 2) == no_history
+    no_think = envs.build_prompt("webshop", "G", [], 0, "O", [], 2, require_think=False)
     assert "<think>" not in no_think and no_think.endswith("<action> </action> tags.\n")
 
 
@@ -401,7 +419,7 @@ class FakeWebAgentTextEnv:
 
     def __init__(self, observation_mode='html', num_products=None, human_goals=None, **kwargs):
         assert observation_mode == 'text' and human_goals is False
-        self._engine = webshop.EmbeddedTextEnv(webshop_catalog.build_shop(1000, 0, 233))
+        self._engine = webshop_engine.EmbeddedTextEnv(webshop_catalog.build_shop(1000, 0, 233))
         self.server = type('SimServer', (), {})()
         self.server.goals = self._engine.server.goals
         self.server.user_sessions = self._engine.server.user_sessions
@@ -446,7 +464,7 @@ def test_official_backend_imports_webagenttextenv_from_webshop_root(tmp_path, ta
     cfg = webshop.WebShopConfig(backend="official", webshop_root=str(tmp_path))
     sys.path.insert(0, str(__import__('pathlib').Path(__file__).parent))
     try:
-        assert len(webshop.load_tasks(cfg, "eval")) == 500 and len(webshop.load_tasks(cfg, "train")) == 4789
+        assert len(envs.load_tasks(cfg, "eval")) == 500 and len(envs.load_tasks(cfg, "train")) == 4789
         env = webshop.WebShopEnv(cfg)
         assert type(env.text_env).__name__ == "FakeWebAgentTextEnv"
         res = _episode(env, task0, webshop.oracle_actions(task0, CFG))[-1]

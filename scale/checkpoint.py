@@ -5,7 +5,6 @@ rank takes part in gathering the full weights and optimizer state (FSDP shards t
 """
 
 import dataclasses
-import gzip
 import json
 import os
 import random
@@ -15,18 +14,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import dist as distributed
+from scale.distributed import (World, full_optimizer_state_dict, full_state_dict, load_full_optimizer_state_dict,
+                               unwrap)
 
 
-def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg, dist=None) -> Path | None:
+def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg, world: World) -> Path | None:
     """Collective under torchrun (every rank calls it); rank 0 writes. Returns the checkpoint path on rank 0."""
-    dist = dist or distributed.Dist()
-    weights = distributed.full_state_dict(model)
-    optim = distributed.full_optimizer_state_dict(model, optimizer)
+    weights = full_state_dict(model)
+    optim = full_optimizer_state_dict(model, optimizer)
     final, tmp = out / f"step_{step:06d}", out / f".tmp_step_{step:06d}"
-    if dist.is_main:
+    if world.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
-        distributed.unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         torch.save({"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng}, tmp / "trainer_state.pt")
@@ -37,8 +36,8 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
         os.replace(out / "latest.tmp", out / "latest")
         for old in sorted(out.glob("step_*"))[:-cfg.keep_checkpoints]:
             shutil.rmtree(old)
-    dist.barrier()
-    return final if dist.is_main else None
+    world.barrier()
+    return final if world.is_main else None
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -49,33 +48,9 @@ def latest_checkpoint(out: Path) -> Path | None:
 def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
     """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the model)."""
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    distributed.load_full_optimizer_state_dict(model, optimizer, state["optimizer"])
+    load_full_optimizer_state_dict(model, optimizer, state["optimizer"])
     bank.load_state_dict(state["bank"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
     return state["step"]
-
-
-def trim_logs(out: Path, last_step: int) -> None:
-    """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the rollout
-    archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same folder) move
-    to *.after_step_N files, so nothing is logged twice and nothing is deleted."""
-    for name in ("metrics.jsonl", "rollouts.jsonl.gz"):
-        path = out / name
-        if not path.exists():
-            continue
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            lines = f.read().splitlines()
-        keep = [ln for ln in lines if json.loads(ln)["step"] <= last_step]
-        if len(keep) == len(lines):
-            continue
-        aside = out / name.replace(".jsonl", f".after_step_{last_step}.jsonl")
-        with opener(aside, "wt") as f:
-            f.writelines(ln + "\n" for ln in lines if json.loads(ln)["step"] > last_step)
-        with opener(path, "wt") as f:
-            f.writelines(ln + "\n" for ln in keep)
-        if name.endswith(".gz"):
-            (out / "rollouts.jsonl.count").write_text(str(len(keep)))
-        print(f"[resume] {len(lines) - len(keep)} rows of {name} after step {last_step} moved to {aside}", flush=True)

@@ -1,4 +1,5 @@
-"""Matching-quality audits on a run's rollout archive (smrc.archive_rollouts -> output_dir/rollouts.jsonl.gz).
+"""Matching-quality audits on a run's rollout archive (written by the trainer with rollout.write_archive to
+output_dir/rollouts.jsonl.gz).
 
 - `matcher_comparison(rows)`: on the same archived turns, coverage of the `structured` and `history` matchers, the
   share of each one's matches that the other reproduces (matches the same turn), and, on the common matches, how
@@ -20,23 +21,35 @@ Choices (numbered):
    task order so loaded games are reused.
 """
 import copy
-import gzip
 import json
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 import envs
+import rollout
+from router import as_signature
 
 MATCH_KEYS = {"structured": "structured", "history": "history_match", "routed": "match"}  # matcher -> archive column
 
 
-def load_archive(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+@dataclass
+class AuditArgs:
+    """Matcher comparison and replay audit on a run's rollout archive."""
+    run: str = "runs/tiny"
+    """run directory holding rollouts.jsonl.gz and config.json"""
+    samples: int = 100
+    """matched turns audited per matcher (sampled with --seed; all if fewer)"""
+    matchers: tuple[str, ...] = ("structured", "history", "routed")
+    """which archived matches to replay: structured, history, routed (the run's own matcher)"""
+    seed: int = 0
+    """sampling seed"""
+    output: str = ""
+    """JSON output (default: RUN/audit.json)"""
 
 
 def _share(a: int, b: int) -> float | None:
@@ -64,10 +77,6 @@ def matcher_comparison(rows: list[dict]) -> dict:
     }
 
 
-def _tuples(x):
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
 def audit_env_config(env_cfg):
     cfg = copy.deepcopy(env_cfg)
     cfg.max_steps = 10_000  # choice 1
@@ -79,33 +88,24 @@ def audit_env_config(env_cfg):
 def replay_case(env, row: dict, prefix: list[str], match: dict) -> dict:
     """Restore the state by replaying `prefix` from reset, check the signature, then run candidate + suffix."""
     task = envs.Task(row["task_id"], row["task_type"], row["task_id"].split("/", 1)[0], row["source"])
-    res = env.reset(task)
-    history = envs.history_signature("", "", res.observation)
-    for a in prefix:
-        if res.done:
-            return {"outcome": "restore_failed", "why": "episode ended inside the prefix"}
-        res = env.step(a)
-        history = envs.history_signature(history, a, res.observation)
-    if res.signature != _tuples(row["signature"]) or res.done:
-        return {"outcome": "restore_failed", "why": "signature differs after the prefix",
-                "history_key_equal": history == row["history"]}
-    executed = []
-    for a in [match["candidate"]] + list(match["ref_suffix"][1:]):
-        if res.done:
-            break
-        res = env.step(a)
-        executed.append(a)
-    return {"outcome": "success" if res.won else "failure", "executed": len(executed),
-            "history_key_equal": history == row["history"]}
+    ep = rollout.replay(env, task, prefix)
+    if len(ep.turns) < len(prefix):
+        return {"outcome": "restore_failed", "why": "episode ended inside the prefix"}
+    same_key = ep.history_key == row["history_key"]
+    if ep.signature != as_signature(row["signature"]) or ep.done:
+        return {"outcome": "restore_failed", "why": "signature differs after the prefix", "history_key_equal": same_key}
+    rollout.replay(env, task, [match["candidate"]] + list(match["ref_suffix"][1:]), episode=ep)
+    return {"outcome": "success" if ep.won else "failure", "executed": len(ep.turns) - len(prefix),
+            "history_key_equal": same_key}
 
 
-def replay_audit(rows: list[dict], env_name: str, env_cfg, matchers=("structured", "history"), samples: int = 100,
+def replay_audit(rows: list[dict], env_cfg, matchers=("structured", "history"), samples: int = 100,
                  seed: int = 0, show_progress: bool = True) -> dict:
     """successes / audited per matcher, with restore failures and missing prefixes counted separately."""
     by_traj: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in rows:
         by_traj[r["traj_id"]][r["turn"]] = r
-    env = envs.make_env(env_name, audit_env_config(env_cfg))
+    env = envs.make_env(audit_env_config(env_cfg))
     out = {}
     try:
         for matcher in matchers:
@@ -155,16 +155,15 @@ def format_audit(comparison: dict, replay: dict) -> str:
     return "\n".join(lines)
 
 
-def run_audit(args) -> dict:
-    from evaluate import config_from_run
+def run_audit(args: AuditArgs, cfg) -> dict:
+    """`cfg`: the run's smrc.Config (evaluate.py reads it from the run directory)."""
     run = Path(args.run)
     path = run / "rollouts.jsonl.gz"
     if not path.exists():
         raise SystemExit(f"no rollout archive at {path} (train with --archive-max-turns > 0)")
-    rows = load_archive(path)
-    cfg = config_from_run(run, "none")
+    rows = rollout.read_archive(path)
     comparison = matcher_comparison(rows)
-    replay = replay_audit(rows, cfg.env, cfg.env_cfg, args.matchers, args.samples, args.seed)
+    replay = replay_audit(rows, cfg.env_cfg, args.matchers, args.samples, args.seed)
     text = format_audit(comparison, replay)
     print(text, flush=True)
     out = Path(args.output or run / "audit.json")

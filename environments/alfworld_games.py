@@ -12,8 +12,8 @@ traj_data.json}`; the task type is in the path, as in the official data (verl-ag
 substring of the game path). Writing is deterministic and idempotent (a file whose content hash is unchanged is
 not rewritten; writes are atomic).
 
-Use: `python alfworld_games.py --split train --num-games 12 --size small` prints the game paths; the trainer
-calls `generate(...)` through `envs.load_tasks("alfworld", AlfworldConfig(source="generated"), split)`.
+Use: `python environments/alfworld_games.py --split train --num-games 12 --size small` prints the game paths; the
+trainer calls `generate(...)` through `envs.load_tasks(AlfworldConfig(source="generated"), split)`.
 
 Deviations from the official data set (numbered):
 1. Rooms are drawn from our own type lists and one canContain table, not from THOR scenes; every receptacle has

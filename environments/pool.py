@@ -1,6 +1,7 @@
-"""Env worker processes (EnvPool) and the planner expert (plan), so env time overlaps generation and never hangs.
+"""Env worker processes (EnvPool), so env time overlaps generation and never hangs.
 
-- `EnvPool(env_name, cfg, num_workers)`: worker processes ('fork' where the OS has it, else 'spawn'; the trainer
+- `EnvPool(cfg, num_workers)`: envs built from the environment config `cfg` (`envs.make_env(cfg)`, so the pool
+  knows no implementation), in worker processes ('fork' where the OS has it, else 'spawn'; the trainer
   creates the pool before it loads a model or starts an engine, so no CUDA context or compute threads exist yet to be
   copied, as with PyTorch's forked DataLoader workers; 'spawn' would re-import the training script, torch included,
   in every worker), each holding env instances keyed by
@@ -11,24 +12,16 @@
   closed. num_workers=0 runs the envs in-process (same results, no overlap).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
   workers spent computing (`worker_s`), so the trainer can report the env share of step time.
-- `plan(task, actions, timeout_s)`: the ALFWorld engine's Fast Downward planner (what `policy_commands` returns),
-  from the state reached by replaying `actions` from reset. It runs in a separate process that is killed when
-  the time limit passes (a planner call on official games can run for minutes, and one in-process call has hung
-  for 10+ minutes), so a timeout is reported, never a hang. Results are cached in-process per
-  (task_id, tuple(actions)); timeouts are cached with their limit, so only a longer limit retries.
-  WebShop tasks go to `webshop.plan(task, actions, timeout_s)`.
 """
-import atexit
 import multiprocessing as mp
 import time
 import traceback
-from dataclasses import dataclass
 
 import envs
 from envs import EnvError, StepResult, Task
 
 
-def _worker(conn, env_name: str, cfg) -> None:
+def _worker(conn, cfg) -> None:
     slots = {}
     while True:
         try:
@@ -40,7 +33,7 @@ def _worker(conn, env_name: str, cfg) -> None:
         t0, out = time.perf_counter(), []
         for slot, arg in items:
             try:
-                env = slots.get(slot) or slots.setdefault(slot, envs.make_env(env_name, cfg))
+                env = slots.get(slot) or slots.setdefault(slot, envs.make_env(cfg))
                 out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
             except Exception:
                 conn.send(("err", (slot, traceback.format_exc()), time.perf_counter() - t0))
@@ -52,19 +45,19 @@ def _worker(conn, env_name: str, cfg) -> None:
 
 
 class EnvPool:
-    def __init__(self, env_name: str, cfg, num_workers: int | None = None):
-        self.env_name, self.cfg = env_name, cfg
+    def __init__(self, cfg, num_workers: int | None = None):
+        self.cfg = cfg
         self.num_workers = cfg.num_workers if num_workers is None else num_workers
         self.timeout_s = cfg.step_timeout_s
         self.stats = {"resets": 0, "steps": 0, "reset_s": 0.0, "step_wait_s": 0.0, "worker_s": 0.0}
         self._tasks: dict[int, Task] = {}
-        self._pending = None  # (slots, actions) sent by step_async, not yet collected
+        self._pending = None  # the slots step_async sent actions to, not yet collected by step_wait
         self._local: dict[int, object] = {}
         self._procs, self._conns = [], []
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         for _ in range(self.num_workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, env_name, cfg), daemon=True)
+            proc = ctx.Process(target=_worker, args=(child, cfg), daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)
@@ -92,7 +85,7 @@ class EnvPool:
         if not self.num_workers:  # in-process: the work happens here
             t0 = time.perf_counter()
             for slot, arg in per_worker.get(0, []):
-                env = self._local.get(slot) or self._local.setdefault(slot, envs.make_env(self.env_name, self.cfg))
+                env = self._local.get(slot) or self._local.setdefault(slot, envs.make_env(self.cfg))
                 try:
                     results[slot] = env.reset(arg) if cmd == "reset" else env.step(arg)
                 except Exception as e:
@@ -173,97 +166,3 @@ class EnvPool:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# ---------------------------------------------------------------------------------------------- planner expert
-
-
-@dataclass
-class PlanResult:
-    actions: list[str] | None  # the plan from the replayed state (None unless status is "ok")
-    status: str                # "ok" | "timeout" | "error" | "unsolvable"
-    seconds: float             # wall time of the request (replay + planning), excluding the process start
-    message: str
-
-
-def _planner_worker(conn) -> None:
-    cfg = envs.AlfworldConfig(max_steps=10**9, game_cache_size=2)
-    env = envs.AlfworldEnv(cfg)
-    conn.send("ready")
-    while True:
-        try:
-            task, actions = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            break
-        try:
-            r = env.reset(task)
-            for i, action in enumerate(actions):
-                if r.done:
-                    raise EnvError(f"the episode ended (won) after {i} of {len(actions)} replayed actions")
-                r = env.step(action)
-            if r.won:
-                conn.send(("ok", [], "already won"))
-                continue
-            plan = env._tw._pddl_state.replan(env._tw._entity_infos)  # what EnvInfos(policy_commands=True) calls
-            conn.send(("ok", plan, "") if plan else ("unsolvable", None, "the planner found no plan"))
-        except Exception:
-            conn.send(("error", None, traceback.format_exc()))
-
-
-class Planner:
-    """One planner process, started on first use and restarted after a timeout (it is killed then)."""
-
-    def __init__(self):
-        self._proc, self._conn = None, None
-        self.cache: dict[tuple, PlanResult] = {}   # (task_id, actions) -> ok / unsolvable / timeout result
-        self._limit: dict[tuple, float] = {}       # (task_id, actions) -> the limit a cached timeout ran under
-
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_planner_worker, args=(child,), daemon=True)
-        self._proc.start()
-        child.close()
-        if not self._conn.poll(120) or self._conn.recv() != "ready":
-            self.close()
-            raise EnvError("the planner process did not start within 120 s")
-
-    def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
-        key = (task.task_id, tuple(actions))
-        hit = self.cache.get(key)
-        if hit and (hit.status != "timeout" or self._limit[key] >= timeout_s):
-            return hit
-        if self._proc is None or not self._proc.is_alive():
-            self._start()
-        t0 = time.perf_counter()
-        self._conn.send((task, list(actions)))
-        try:
-            ready = self._conn.poll(timeout_s)
-            status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
-        except (EOFError, OSError) as e:
-            status, plan, message = "error", None, f"planner process died ({e!r}, exit code {self._proc.exitcode})"
-        if status in ("timeout", "error"):
-            self.close()  # a stuck planner cannot be interrupted in-process; the next call starts a fresh one
-        result = PlanResult(plan, status, time.perf_counter() - t0, message)
-        if status != "error":
-            self.cache[key], self._limit[key] = result, timeout_s
-        return result
-
-    def close(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.join(timeout=5)
-            self._conn.close()
-        self._proc, self._conn = None, None
-
-
-_PLANNER = Planner()
-atexit.register(_PLANNER.close)
-
-
-def plan(task: Task, actions: list[str], timeout_s: float) -> PlanResult:
-    """Expert plan from the state after replaying `actions` from reset; see the module docstring."""
-    if task.env == "webshop":
-        import webshop
-        return webshop.plan(task, actions, timeout_s)
-    return _PLANNER.plan(task, actions, timeout_s)

@@ -2,7 +2,7 @@
 engine, under plain `python` and under `torchrun --nproc_per_node 1` (NCCL), 3 steps each. Prints the mean step time
 (first step dropped) and the peak GPU memory of each, and exits non-zero if a run fails or did not run on CUDA.
 
-    python cuda_check.py
+    python bench/cuda_check.py
 """
 import json
 import subprocess
@@ -17,7 +17,7 @@ FLAGS = ["--preset", "tiny", "--steps", "3", "--device", "cuda", "--save-every",
 
 def main() -> None:
     assert torch.cuda.is_available(), "no CUDA device: this check is for GPU machines"
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the repository root, where smrc.py is
     runs = {"python": [sys.executable, str(here / "smrc.py")],
             "torchrun x1": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
                             str(here / "smrc.py")]}

@@ -7,22 +7,33 @@ start-up binds this process's threads). Generated tokens are counted, not assume
 `sync_weights`, and the gap between vLLM's sampling log-probs and the trainer's (float32 and bfloat16 vLLM against
 the float32 trainer).
 
-Run: VLLM_CPU_KVCACHE_SPACE=2 python bench_rollout.py [--max-new-tokens 64] [--repeats 5]
+Run from the repository root: VLLM_CPU_KVCACHE_SPACE=2 python bench/bench_rollout.py [--max-new-tokens 64]
 """
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules, however the script is started
+
+import torch  # noqa: E402
+import tyro  # noqa: E402
+
+import envs  # noqa: E402
+from embedded.warmstart import resolve  # noqa: E402
+from models import HFEngine, SamplingConfig, chat_ids, collate, load_model, token_logprobs  # noqa: E402
+from scale.vllm_engine import VLLMEngine, logprob_gap  # noqa: E402
 
 
 @dataclass
 class Args:
     model: str = "tiny"
-    """model name or directory (anything models.load_model takes)"""
+    """model name or directory (tiny, tiny-agent, a hub id or a directory)"""
     batch_sizes: tuple[int, ...] = (8, 64)
     """prompts per generate call"""
     max_new_tokens: int = 64
@@ -36,8 +47,6 @@ class Args:
 
 def alfworld_prompts(tokenizer, n: int) -> list[list[int]]:
     """n chat-templated ALFWorld turn prompts (a few distinct turns, cycled), as the trainer sends them."""
-    import envs
-    from models import chat_ids
     obs = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, a "
            "fridge 1, a microwave 1, a sinkbasin 1, and a stoveburner 1.",
            "You arrive at cabinet 1. The cabinet 1 is closed.", "You open the fridge 1. In it, you see an apple 1."]
@@ -64,29 +73,21 @@ def timed(generate, prompts, repeats) -> dict:
 
 
 def logprob_gap_for(dtype: str, model, tokenizer, prompts, args) -> dict:
-    import grpo
-    import torch
-    from models import SamplingConfig, resolve
-    from vllm_engine import VLLMEngine, logprob_gap
     engine = VLLMEngine(resolve(args.model), tokenizer, SamplingConfig(max_new_tokens=args.max_new_tokens),
                         dtype=dtype, seed=args.seed)
     engine.sync_weights(model)
     gens = engine.generate(prompts)
-    batch = grpo.collate(prompts, [g.response_ids for g in gens], tokenizer.pad_token_id)
+    batch = collate(prompts, [g.response_ids for g in gens], tokenizer.pad_token_id)
     with torch.no_grad():
-        logp, _ = grpo.token_logprobs(model.eval(), batch)
+        logp, _ = token_logprobs(model.eval(), batch)
     gap = logprob_gap(gens, [logp[i, :len(g.response_ids)].tolist() for i, g in enumerate(gens)])
     engine.shutdown()
     return gap
 
 
 def main(args: Args) -> None:
-    import torch
-    from models import HFEngine, SamplingConfig, load_model, resolve
-    from vllm_engine import VLLMEngine
-
     torch.manual_seed(args.seed)
-    model, tok = load_model(args.model)
+    model, tok = load_model(resolve(args.model))
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens)
     hf = HFEngine(model, tok, cfg, batch_size=max(args.batch_sizes))
     # HFEngine passes its own arguments to generate; this forces the full length so both engines do the same work
@@ -128,5 +129,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":  # vLLM may start worker processes with spawn: nothing may run at import time
-    import tyro
     main(tyro.cli(Args))

@@ -6,7 +6,23 @@
 matplotlib is optional: without it the command says how to install it and exits, nothing else needs it.
 """
 import json
+from dataclasses import dataclass
 from pathlib import Path
+
+
+
+@dataclass
+class PlotArgs:
+    """PNG training curves and comparison bars from metrics.jsonl (and optionally eval JSON files)."""
+    run: tuple[str, ...] = ()
+    """run directories (each with metrics.jsonl)"""
+    eval_json: tuple[str, ...] = ()
+    """eval result files (evaluate.py eval --output X -> X.json) for an Avg@k / Pass@k bar chart"""
+    last: int = 5
+    """comparison bars average the last N logged steps of each run"""
+    output_dir: str = "plots"
+    """where the PNG files go"""
+
 
 CURVES = (("rollout/success_rate", "success rate"), ("rollout/reward", "reward"),
           ("router/match_rate", "match rate"), ("rollout/response_tokens", "response tokens"))
@@ -29,7 +45,7 @@ def _pyplot():
     return plt
 
 
-def run_plots(args) -> list[Path]:
+def run_plots(args: PlotArgs) -> list[Path]:
     plt = _pyplot()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,84 @@
+"""The expert planner in its own process, so a slow plan is a reported timeout, never a hang.
+
+`Planner(cfg).plan(task, actions, timeout_s)` restores the state reached by replaying `actions` from reset in an env
+built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env.expert_plan()`: for ALFWorld the
+engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit passes (a
+planner call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
+restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
+their limit, so only a longer limit retries.
+"""
+import multiprocessing as mp
+import time
+import traceback
+
+import envs
+from envs import EnvError, PlanResult, Task
+
+
+def _planner_worker(conn, cfg) -> None:
+    env = envs.make_env(cfg)
+    conn.send("ready")
+    while True:
+        try:
+            task, actions = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        try:
+            results = envs.replay(env, task, actions)
+            if len(results) <= len(actions):
+                raise EnvError(f"the episode ended (won) after {len(results) - 1} of {len(actions)} replayed actions")
+            if results[-1].won:
+                conn.send(("ok", [], "already won"))
+                continue
+            plan = env.expert_plan()
+            conn.send(("ok", plan, "") if plan else ("unsolvable", None, "the planner found no plan"))
+        except Exception:
+            conn.send(("error", None, traceback.format_exc()))
+
+
+class Planner:
+    """One planner process, started on first use and restarted after a timeout (it is killed then)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg                              # the env config the planner process builds its env from
+        self._proc, self._conn = None, None
+        self.cache: dict[tuple, PlanResult] = {}   # (task_id, actions) -> ok / unsolvable / timeout result
+        self._limit: dict[tuple, float] = {}       # (task_id, actions) -> the limit a cached timeout ran under
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_planner_worker, args=(child, self.cfg), daemon=True)
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(120) or self._conn.recv() != "ready":
+            self.close()
+            raise EnvError("the planner process did not start within 120 s")
+
+    def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
+        key = (task.task_id, tuple(actions))
+        hit = self.cache.get(key)
+        if hit and (hit.status != "timeout" or self._limit[key] >= timeout_s):
+            return hit
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        t0 = time.perf_counter()
+        self._conn.send((task, list(actions)))
+        try:
+            ready = self._conn.poll(timeout_s)
+            status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
+        except (EOFError, OSError) as e:
+            status, plan, message = "error", None, f"planner process died ({e!r}, exit code {self._proc.exitcode})"
+        if status in ("timeout", "error"):
+            self.close()  # a stuck planner cannot be interrupted in-process; the next call starts a fresh one
+        result = PlanResult(plan, status, time.perf_counter() - t0, message)
+        if status != "error":
+            self.cache[key], self._limit[key] = result, timeout_s
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(timeout=5)
+            self._conn.close()
+        self._proc, self._conn = None, None
