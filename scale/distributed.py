@@ -20,6 +20,10 @@ from typing import Literal
 
 import torch
 import torch.distributed as td
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import resolve_device
 
@@ -102,12 +106,10 @@ def wrap(model, world: World, strategy: str):
     if not world.enabled:
         return model
     if strategy == "fsdp":  # FSDP2: each decoder layer, then the root, shards its parameters across ranks
-        from torch.distributed.fsdp import fully_shard
         for layer in getattr(getattr(model, "model", model), "layers", []):
             fully_shard(layer)
         fully_shard(model)
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
     return DDP(model, device_ids=[world.local_rank] if world.device.type == "cuda" else None)
 
 
@@ -126,7 +128,6 @@ def full_state_dict(model, cpu: bool = True) -> dict:
     if not any(type(p).__name__ == "DTensor" for p in model.parameters()):
         sd = {k: v.detach() for k, v in unwrap(model).state_dict().items()}  # DDP wraps the model in .module
         return {k: v.cpu() for k, v in sd.items()} if cpu else sd
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
@@ -135,7 +136,6 @@ def full_optimizer_state_dict(model, optimizer) -> dict:
     """The optimizer state with full (unsharded) tensors; a plain state_dict without a process group."""
     if not _multi_process():
         return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
@@ -143,7 +143,6 @@ def load_full_optimizer_state_dict(model, optimizer, state: dict) -> None:
     if not _multi_process():
         optimizer.load_state_dict(state)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
