@@ -226,6 +226,12 @@ def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
 
+def action_response(action: str) -> str:
+    """The response that takes `action` when no reasoning is asked for (require_think=False): what the restricted
+    action space decodes and the warm start imitates; `parse_action` reads `action` back from it."""
+    return f"<action>{action}</action>"
+
+
 def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
     """verl-agent projection: lowercase, the text inside the first <action>...</action>. Invalid outputs are sent
     as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response (deviation 1)."""

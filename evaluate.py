@@ -148,7 +148,7 @@ class EvalArgs:
     """checkpoint directories (step_XXXXXX/ of a run), one table row each"""
     baseline: str | None = None
     """untrained model for the first row: 'tiny', 'smollm2', a directory or a hub id"""
-    preset: Literal["none", "tiny"] = "none"
+    preset: Literal["none", "tiny", "learn"] = "none"
     """base config when the first checkpoint has no smrc_config.json (or with --baseline only)"""
     env: Literal["alfworld", "webshop"] | None = None
     """environment (default: the checkpoint's)"""
@@ -164,6 +164,9 @@ class EvalArgs:
     """panel seed; batch b samples under torch seed seed * 1_000_003 + b"""
     tasks_per_batch: int = 8
     """tasks rolled out together (k episodes each)"""
+    temperature: float | None = None
+    """sampling temperature of the attempts (default: the checkpoint's; 0 = greedy; verl-agent and SDAR validate at
+    0.4); recorded in the report"""
     max_new_tokens: int | None = None
     """response budget per turn (default: the checkpoint's)"""
     max_steps: int | None = None
@@ -185,6 +188,8 @@ def eval_config(args: EvalArgs) -> smrc.Config:
     cfg.rollout.group_size = args.k
     if args.max_new_tokens:
         cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
+    if args.temperature is not None:
+        cfg.rollout.sampling.temperature = args.temperature
     if args.max_steps:
         cfg.env_cfg.max_steps = args.max_steps
     return cfg
@@ -249,7 +254,8 @@ def run_eval(args: EvalArgs) -> dict:
     finally:
         pool.close()
     table = markdown_table(rows, args.k, cfg.env)
-    result = {"env": cfg.env, "split": args.split, "k": args.k, "tasks": [t.task_id for t in tasks],
+    result = {"env": cfg.env, "split": args.split, "k": args.k, "temperature": cfg.rollout.sampling.temperature,
+              "tasks": [t.task_id for t in tasks],
               "panel_size": n_panel, "full_panel": len(tasks) == n_panel, "config": dataclasses.asdict(cfg),
               "rows": rows, "table": table}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,7 @@ class Sample:
     advantage: float
     sample_logprobs: list[float]                 # log-probs under the sampling policy (one per response token)
     teacher_logprobs: list[float] | None = None  # set on distilled turns only
+    allowed: list[list[int]] | None = None       # restricted decoding: allowed ids per response position
 
 
 def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = True, eps: float = 1e-6) -> list[float]:
@@ -173,12 +174,13 @@ def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, de
     batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], pad_id).to(device)
     R = batch.response_ids.shape[1]
     mask = batch.response_mask.float()                                                     # (B, R)
+    allowed = [s.allowed for s in mb] if any(s.allowed is not None for s in mb) else None  # the sampling mask
     with autocast:
-        logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True)        # (B, R)
+        logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True, allowed=allowed)  # (B, R)
         ref_logp = logp.detach()
         if cfg.kl_coef > 0 and ref_model is not None:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(ref_model, batch, temperature)
+                ref_logp, _ = token_logprobs(ref_model, batch, temperature, allowed=allowed)
     old_logp = logp.detach() if on_policy else _pad([s.sample_logprobs for s in mb], R).to(device)
     teacher_logp = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
     sd_mask = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device) * mask

@@ -78,15 +78,23 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
     return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False):
-    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R)."""
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                   allowed: list[list[list[int]] | None] | None = None):
+    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R).
+    `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a free
+    row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled."""
     R = batch.response_ids.shape[1]
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 logits_to_keep=R + 1, use_cache=False)
     logits = out.logits[:, :-1].float() / temperature                        # (B, R, V): column P-1+t predicts y_t
+    keep = allowed_mask(allowed, R, logits.shape[-1], logits.device) if allowed is not None else None
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))                    # (B, R, V) restricted decoding
     logp_all = torch.log_softmax(logits, dim=-1)                             # (B, R, V)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # (B, R)
+    entropy = None
+    if with_entropy:  # 0·log 0 = 0 for masked tokens
+        entropy = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # (B, R)
     return logp, entropy
 
 
@@ -102,12 +110,73 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return chunks + [cur] if cur else chunks
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Restricted decoding (`--rollout.action-space admissible`, a CPU-scale option): the response is one of a list of
+# allowed responses (the turn's admissible commands). The allowed tokens at a response position are a function of that
+# list and of the response prefix, so sampling, the teacher and the update apply the same mask, and the PPO ratio is
+# exactly 1 on-policy.
+
+
+def action_trie(tokenizer, responses: list[str]) -> dict:
+    """Prefix tree {token id: subtree} over the token ids of every allowed response, each followed by EOS."""
+    root: dict = {}
+    for text in responses:
+        node = root
+        for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]:
+            node = node.setdefault(t, {})
+    return root
+
+
+def allowed_ids(trie: dict, prefix: list[int]) -> list[int]:
+    """Token ids the trie allows after `prefix` ([] once the prefix has left the trie or ended)."""
+    node = trie
+    for t in prefix:
+        node = node.get(t)
+        if node is None:
+            return []
+    return list(node)
+
+
+def allowed_per_position(trie: dict, response_ids: list[int]) -> list[list[int]]:
+    """The allowed ids at every position of a response sampled under `trie` (what the update and teacher reuse)."""
+    return [allowed_ids(trie, response_ids[:t]) for t in range(len(response_ids))]
+
+
+def allowed_mask(allowed: list[list[list[int]] | None], R: int, V: int, device) -> torch.Tensor:
+    """(B, R, V) bool, True where a token is allowed; a row given as None (free generation) allows everything."""
+    keep = torch.ones(len(allowed), R, V, dtype=torch.bool)
+    for b, rows in enumerate(allowed):
+        for t, ids in enumerate(rows or []):
+            keep[b, t] = False
+            keep[b, t, ids] = True
+    return keep.to(device)
+
+
+class TrieLogitsProcessor:
+    """A transformers logits processor: -inf outside each row's trie (`start` = the first response column)."""
+
+    def __init__(self, tries: list[dict], start: int):
+        self.tries, self.start = tries, start
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        for b, trie in enumerate(self.tries):
+            ids = allowed_ids(trie, input_ids[b, self.start:].tolist())
+            keep[b, ids if ids else slice(None)] = True  # a row that has ended is padding: left free
+        return scores.masked_fill(~keep, float("-inf"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Generation
+
+
 @dataclass
 class Generation:
     response_ids: list[int]
-    logprobs: list[float]  # sampling log-probs of each response token, log softmax(logits / T)
+    logprobs: list[float]  # sampling log-probs of each response token, log softmax(logits / T) (over the allowed tokens)
     text: str
     truncated: bool        # stopped by max_new_tokens rather than by EOS
+    allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids at each response position
 
 
 @dataclass
@@ -115,7 +184,8 @@ class SamplingConfig:
     max_new_tokens: int = 512
     """maximum response tokens per turn; a response cut here is counted (rollout/truncated_responses)"""
     temperature: float = 1.0
-    """sampling temperature (training log-probs use the same temperature)"""
+    """sampling temperature (training log-probs use the same temperature); 0 = greedy (evaluation only; its
+    log-probs are reported at T=1)"""
     top_p: float = 1.0
     """nucleus sampling threshold (1.0 = off)"""
     top_k: int = 0
@@ -132,13 +202,15 @@ class HFEngine:
         """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM engine)."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]]) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], tries: list[dict] | None = None) -> list[Generation]:
+        """One response per prompt; with `tries` (one per prompt, `action_trie`), decoding is restricted to them."""
         out = []
         for i in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[i:i + self.batch_size])
+            out += self._generate_batch(prompts[i:i + self.batch_size],
+                                        tries[i:i + self.batch_size] if tries is not None else None)
         return out
 
-    def _generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], tries: list[dict] | None) -> list[Generation]:
         tok, cfg = self.tokenizer, self.cfg
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -147,23 +219,25 @@ class HFEngine:
         for i, p in enumerate(prompts):  # left padding, so every response starts at column `width`
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention_mask[i, width - len(p):] = 1
+        greedy = cfg.temperature == 0
+        sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
         was_training = self.model.training
         self.model.eval()
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=True,
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, output_logits=True,
-            return_dict_in_generate=True)
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
+            max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            logits_processor=[TrieLogitsProcessor(tries, width)] if tries is not None else None,
+            output_logits=True, return_dict_in_generate=True, **sampling)
         self.model.train(was_training)
         seqs = out.sequences[:, width:].cpu()                                        # (B, R)
-        logits = torch.stack(out.logits, dim=1).float().cpu()                        # (B, R, V) raw logits
-        logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
-        token_logp = logp.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)                 # (B, R)
-        gens = []
-        for i in range(len(prompts)):
-            ids = seqs[i].tolist()
-            n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
-            gens.append(Generation(response_ids=ids[:n], logprobs=token_logp[i, :n].tolist(),
-                                   text=tok.decode(ids[:n], skip_special_tokens=True),
-                                   truncated=tok.eos_token_id not in ids[:n]))
-        return gens
+        logits = torch.stack(out.logits, dim=1).float().cpu() / (cfg.temperature or 1.0)  # (B, R, V) raw logits / T
+        ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids in seqs.tolist()]
+        allowed = [allowed_per_position(tries[i], seqs[i, :ends[i]].tolist()) for i in range(len(prompts))] \
+            if tries is not None else None
+        if allowed is not None:  # the log-probs of the distribution actually sampled from
+            logits = logits.masked_fill(~allowed_mask(allowed, seqs.shape[1], logits.shape[-1], "cpu"), float("-inf"))
+        token_logp = torch.log_softmax(logits, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)  # (B, R)
+        return [Generation(response_ids=seqs[i, :n].tolist(), logprobs=token_logp[i, :n].tolist(),
+                           text=tok.decode(seqs[i, :n], skip_special_tokens=True),
+                           truncated=tok.eos_token_id not in seqs[i, :n].tolist(),
+                           allowed=allowed[i] if allowed is not None else None) for i, n in enumerate(ends)]

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import envs
 import router
-from models import chat_ids
+from models import action_trie, chat_ids
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Turn:
     signature: envs.Signature  # state before acting
     history_key: str          # history key before acting
     reward: float = 0.0       # env reward of this step
+    allowed: list[list[int]] | None = None  # restricted decoding: the allowed token ids at each response position
 
 
 @dataclass
@@ -160,7 +161,11 @@ def _act(half: list[Episode], engine, tokenizer, cfg, counters: dict) -> tuple[l
     if not prompted:
         return [], []
     t = time.perf_counter()
-    gens = engine.generate([ids for _, _, ids in prompted])
+    tries = None
+    if cfg.rollout.action_space == "admissible":  # decoding restricted to `<action>{admissible}</action>`
+        tries = [action_trie(tokenizer, [envs.action_response(a) for a in ep.admissible]) for ep, _, _ in prompted]
+    gens = engine.generate([ids for _, _, ids in prompted], tries) if tries else \
+        engine.generate([ids for _, _, ids in prompted])
     counters["gen_s"] += time.perf_counter() - t
     turns = []
     for (ep, text, ids), gen in zip(prompted, gens):
@@ -169,7 +174,8 @@ def _act(half: list[Episode], engine, tokenizer, cfg, counters: dict) -> tuple[l
         turns.append(Turn(task=ep.task, group=ep.group, traj_id=ep.traj_id, index=len(ep.turns), user_text=text,
                           prompt_ids=ids, response_ids=gen.response_ids, sample_logprobs=gen.logprobs,
                           response=gen.text, action=parsed.action, valid=parsed.valid, parse_reason=parsed.reason,
-                          observation=ep.observation, signature=ep.signature, history_key=ep.history_key))
+                          observation=ep.observation, signature=ep.signature, history_key=ep.history_key,
+                          allowed=gen.allowed))
         ep.turns.append(turns[-1])
     return [ep for ep, _, _ in prompted], turns
 

@@ -75,14 +75,19 @@ class RolloutConfig:
     """student prompt budget; an over-long prompt falls back to the no-history prompt, then ends the episode (counted)"""
     gen_batch_size: int = 64
     """prompts per generate call (hf engine)"""
+    action_space: Literal["free", "admissible"] = "free"
+    """free: the model writes its response (the paper); admissible: token-level decoding restricted to
+    `<action>{one admissible command}</action>` (a prefix trie, the same mask in sampling, teacher and update): a
+    CPU-scale choice for tiny models, hf engine and require_think=False only"""
     vllm_gpu_memory: float = 0.5
     """vllm engine: share of GPU memory for weights + KV cache (it sleeps during the update)"""
 
 
 @dataclass
 class Config:
-    preset: Literal["none", "tiny"] = "none"
-    """named preset applied before the other flags; tiny = CPU run of tiny-agent on small generated games"""
+    preset: Literal["none", "tiny", "learn"] = "none"
+    """named preset applied before the other flags; tiny = CPU smoke run of tiny-agent-quick on small generated
+    games; learn = the CPU mini-reproduction of bench/learn.py"""
     env: Literal["alfworld", "webshop"] = "alfworld"
     """environment"""
     algo: Literal["grpo", "fullpath-sd", "smrc-sd"] = "smrc-sd"
@@ -128,24 +133,37 @@ class Config:
 
 
 def tiny_preset() -> Config:
-    """Runs end to end on 2 CPU cores in a few minutes: `tiny-agent` (the embedded tiny model after a short
-    behaviour-cloning warm start, embedded/warmstart.py) on small generated games. It rarely succeeds yet, so the
-    planner's solutions seed the reference bank (router deviation 4) to make the distillation path do real work."""
+    """Runs end to end on 2 CPU cores in a few minutes: `tiny-agent-quick` (the embedded tiny model after a short
+    behaviour-cloning warm start, embedded/warmstart.py) on small generated games, decoding restricted to the
+    admissible commands. The planner's solutions also seed the reference bank (router deviation 4), so the
+    distillation path does real work from the first step."""
     return Config(
-        preset="tiny", model="tiny-agent", steps=10, output_dir="runs/tiny", save_every=5,
+        preset="tiny", model="tiny-agent-quick", steps=10, output_dir="runs/tiny", save_every=5,
         alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
-                                max_steps=8, require_think=False),
+                                max_steps=20, require_think=False),
         webshop=WebShopConfig(max_steps=8, require_think=False),
-        rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64,
+        rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64, action_space="admissible",
                               sampling=SamplingConfig(max_new_tokens=24)),
-        # λ=0.1: a tiny teacher cannot read a long privileged context, so its re-scoring is mostly noise; at λ=1 it
-        # drives the entropy up and the valid-action ratio down.
         grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192, sd_coef=0.1),
         router=RouterConfig(seed_with_planner=True),
     )
 
 
-PRESETS = {"none": Config, "tiny": tiny_preset}
+def learn_preset() -> Config:
+    """The CPU mini-reproduction (bench/learn.py): `tiny-agent` on small generated games (20-step limit: the expert
+    needs at most 18 there), decoding restricted to the admissible commands, references = the policy's own successes
+    only (as in the paper), no KL anchor, 4 tasks x 8 rollouts per step."""
+    return Config(
+        preset="learn", model="tiny-agent", steps=20, output_dir="runs/learn", save_every=10,
+        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=400, num_eval_games=200,
+                                max_steps=20, require_think=False),
+        rollout=RolloutConfig(tasks_per_step=4, group_size=8, gen_batch_size=64, action_space="admissible",
+                              sampling=SamplingConfig(max_new_tokens=24)),
+        grpo=GRPOConfig(lr=2e-4, kl_coef=0.0, mini_batch_size=128, micro_batch_tokens=8192, sd_coef=0.3),
+    )
+
+
+PRESETS = {"none": Config, "tiny": tiny_preset, "learn": learn_preset}
 
 
 def parse_config(argv: list[str]) -> Config:
@@ -226,7 +244,7 @@ def build_samples(episodes: list[rollout.Episode], teacher_lp: list, penalty: fl
     turns = [t for e in episodes for t in e.turns]
     scores = [e.ret - penalty * (not t.valid) for e in episodes for t in e.turns]
     adv = grpo.grpo_advantages(scores, [t.group for t in turns], norm_by_std)
-    return [grpo.Sample(t.prompt_ids, t.response_ids, a, t.sample_logprobs, lp)
+    return [grpo.Sample(t.prompt_ids, t.response_ids, a, t.sample_logprobs, lp, t.allowed)
             for t, a, lp in zip(turns, adv, teacher_lp)]
 
 
@@ -259,6 +277,10 @@ def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
 def setup(cfg: Config, world: World) -> Setup:
     """Tasks, model (from the latest checkpoint on --resume), reference model, optimizer, bank, engine."""
     out = Path(cfg.output_dir)
+    if cfg.rollout.action_space == "admissible" and ("vllm" in (cfg.rollout.engine, cfg.teacher.backend)
+                                                     or cfg.env_cfg.require_think):
+        raise SystemExit("error: --rollout.action-space admissible needs --rollout.engine hf --teacher.backend hf and "
+                         "require_think False (the response is exactly one `<action>...</action>`)")
     if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
         raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
                          "every forward is a collective, and per-rank generation lengths differ")

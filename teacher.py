@@ -29,7 +29,8 @@ import torch
 import router
 from models import chat_ids, collate, micro_batches, token_logprobs
 
-Scorer = Callable[[list[list[int]], list[list[int]]], list[list[float]]]  # (prompts, responses) -> log-probs
+# (prompts, responses, allowed ids per response position or None) -> log-probs
+Scorer = Callable[[list[list[int]], list[list[int]], list | None], list[list[float]]]
 
 
 @dataclass
@@ -47,23 +48,30 @@ class TeacherRequest:
     user_text: str          # the student's ordinary user message for this turn
     context: str            # the privileged block from router.teacher_context
     response_ids: list[int]  # the student's sampled tokens
+    allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids per response position (same mask)
+
+
+def teacher_user_text(context: str, user_text: str) -> str:
+    """The teacher's user message: the privileged block, a blank line, the student's ordinary message."""
+    return context + "\n\n" + user_text
 
 
 def teacher_prompt_ids(tokenizer, req: TeacherRequest) -> list[int]:
-    return chat_ids(tokenizer, req.context + "\n\n" + req.user_text)
+    return chat_ids(tokenizer, teacher_user_text(req.context, req.user_text))
 
 
 def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0) -> Scorer:
     """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode)."""
     @torch.no_grad()
-    def scorer(prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in prompts]
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
             batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
-            logp, _ = token_logprobs(model, batch, temperature)  # (B, R)
+            rows = [allowed[i] for i in idx] if allowed is not None else None
+            logp, _ = token_logprobs(model, batch, temperature, allowed=rows)  # (B, R)
             for row, i in enumerate(idx):
                 out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
         model.train(was_training)
@@ -73,7 +81,10 @@ def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 
 
 def vllm_scorer(engine, temperature: float = 1.0) -> Scorer:
     """Log-probs of each response after its prompt from vLLM's prompt log-probs (one prefill per pair)."""
-    return lambda prompts, responses: engine.score_logprobs(prompts, responses, temperature)
+    def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
+        assert allowed is None, "restricted decoding runs on the hf engine and teacher only"
+        return engine.score_logprobs(prompts, responses, temperature)
+    return scorer
 
 
 def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer: Scorer):
@@ -83,7 +94,8 @@ def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer:
     ok = [i for i, p in enumerate(prompts) if len(p) <= cfg.max_prompt_tokens]
     out: list[list[float] | None] = [None] * len(requests)
     if ok:
-        for i, lp in zip(ok, scorer([prompts[i] for i in ok], [requests[i].response_ids for i in ok])):
+        restricted = [requests[i].allowed for i in ok] if any(r.allowed is not None for r in requests) else None
+        for i, lp in zip(ok, scorer([prompts[i] for i in ok], [requests[i].response_ids for i in ok], restricted)):
             out[i] = lp
     stats = {"sd/over_length_turns": len(requests) - len(ok),
              "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in ok),
@@ -97,7 +109,7 @@ def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: Tea
     picked = [i for i, m in enumerate(matches) if m is not None]
     requests = [TeacherRequest(turns[i].user_text,
                                router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature),
-                               turns[i].response_ids) for i in picked]
+                               turns[i].response_ids, turns[i].allowed) for i in picked]
     scored, stats = score(tokenizer, requests, cfg, scorer)
     teacher_lp: list[list[float] | None] = [None] * len(turns)
     gap_sum = 0.0

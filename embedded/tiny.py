@@ -78,16 +78,22 @@ def build(path: Path, seed: int = 0) -> None:
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                      bos_token=None, unk_token=None)
     hf_tok.chat_template = CHAT_TEMPLATE
-    # head_dim=64: vLLM's CPU attention backend rejects smaller heads.
-    cfg = Qwen3Config(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=8192,
-                      tie_word_embeddings=True, eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id,
-                      bos_token_id=None)
+    model = new_model(hf_tok, layers=2, hidden=128, seed=seed)
+    save_atomically(model, hf_tok, path)
+
+
+def new_model(tokenizer, layers: int, hidden: int, seed: int = 0):
+    """A randomly initialised Qwen3-architecture model for `tokenizer` (heads of 64: vLLM's CPU attention rejects
+    smaller ones; one key/value head; MLP width 2 × hidden; tied embeddings)."""
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=1, head_dim=64,
+                      max_position_embeddings=8192, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
-    model.generation_config.eos_token_id = hf_tok.eos_token_id
-    model.generation_config.pad_token_id = hf_tok.pad_token_id
-    save_atomically(model, hf_tok, path)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
 
 
 def save_atomically(model, tokenizer, path: Path) -> None:

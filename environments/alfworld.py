@@ -32,6 +32,7 @@ Deviations from verl-agent (numbered):
 2. 'help' is dropped from the admissible list we return, not only from the prompt.
 """
 import atexit
+import copy
 import json
 import os
 import re
@@ -254,6 +255,26 @@ def alfworld_signature(task: Task, facts: dict, g: GameInfo) -> Signature:
             ("progress", _progress(facts, g, task.task_type, here)))
 
 
+def memoize_text_grammar() -> None:
+    """Speed: textworld derives every observation through its text grammar and re-parses the same template strings
+    with a tatsu parser on every step (about two thirds of a step's time). The parse is a pure function of its
+    arguments, so it is memoised; each call gets a deep copy (derivation mutates the symbols). Observations are
+    unchanged (tested)."""
+    from textworld.envs.pddl import textgen
+    parse = textgen._parse_and_convert
+    if getattr(parse, "memoized", False):
+        return
+    cache: dict = {}
+
+    def memoized(text, **kwargs):
+        key = (text, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = parse(text, **kwargs)
+        return copy.deepcopy(cache[key])
+    memoized.memoized, memoized.original = True, parse
+    textgen._parse_and_convert = memoized
+
+
 class AlfworldEnv:
     """One ALFWorld episode at a time on the real engine; loaded games are kept (LRU) and reused across resets."""
 
@@ -270,6 +291,7 @@ class AlfworldEnv:
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
+        memoize_text_grammar()
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=["gamefile"])
         tw = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         tw.load(path)

@@ -202,7 +202,7 @@ def test_config_from_run_restores_a_saved_config_and_reports_unknown_keys(tmp_pa
     saved["from_the_future"] = 1
     (tmp_path / "config.json").write_text(json.dumps(saved))
     cfg = smrc.config_from_run(tmp_path, "none")
-    assert (cfg.env, cfg.webshop.catalog_seed, cfg.matcher, cfg.model) == ("webshop", 3, "history", "tiny-agent")
+    assert (cfg.env, cfg.webshop.catalog_seed, cfg.matcher, cfg.model) == ("webshop", 3, "history", "tiny-agent-quick")
     assert cfg.alfworld.task_types == smrc.tiny_preset().alfworld.task_types  # JSON lists come back as tuples
     assert "from_the_future" in capsys.readouterr().out
     assert smrc.config_from_run(None, "tiny") == smrc.tiny_preset()

@@ -44,7 +44,7 @@ def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(
     rows = metrics(smrc_run)
     assert [r["step"] for r in rows] == [1, 2]
     trained = AutoModelForCausalLM.from_pretrained(smrc_run / "step_000002")
-    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent"))  # the tiny preset's starting model
+    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))  # the tiny preset's starting model
     changed = [n for (n, p), q in zip(trained.named_parameters(), initial.parameters()) if not torch.equal(p, q)]
     assert len(changed) == len(list(initial.parameters())), "every parameter should have moved"
     for key in ("rollout/success_rate", "rollout/valid_action_ratio", "actor/entropy", "actor/kl", "actor/lr",
@@ -114,7 +114,7 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     cfg = smrc.parse_config(["--algo", "fullpath-sd", "--router.matcher", "structured"])
     assert (cfg.matcher, cfg.context) == ("structured", "fullpath")
     cfg = smrc.parse_config(["--preset", "tiny", "--algo", "smrc-sd"])
-    assert (cfg.matcher, cfg.context, cfg.model) == ("structured", "full", "tiny-agent")
+    assert (cfg.matcher, cfg.context, cfg.model) == ("structured", "full", "tiny-agent-quick")
 
 
 def test_help_documents_every_section():

@@ -144,7 +144,8 @@ def test_smrc_tiny_preset_runs_two_steps_on_vllm(tmp_path):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "smrc.py"), "--preset", "tiny", "--rollout.engine", "vllm",
-                           "--teacher.backend", "vllm", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",
+                           "--teacher.backend", "vllm", "--rollout.action-space", "free", "--rollout.tasks-per-step",
+                           "2", "--rollout.group-size", "3",
                            "--alfworld.max-steps", "4", "--steps", "2", "--output-dir", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -166,7 +167,7 @@ def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(root / "smrc.py"), "--preset", "tiny", "--dist.strategy", "fsdp", "--rollout.engine",
-                           "vllm", "--teacher.backend", "vllm", "--rollout.tasks-per-step", "2",
+                           "vllm", "--teacher.backend", "vllm", "--rollout.action-space", "free", "--rollout.tasks-per-step", "2",
                            "--rollout.group-size", "2", "--alfworld.max-steps", "3", "--alfworld.num-workers", "1",
                            "--steps", "2", "--output-dir", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=900)
@@ -174,7 +175,7 @@ def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/tokens"] > 0 for r in rows)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "step_000002")
-    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent"))  # the tiny preset's starting model
+    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))  # the tiny preset's starting model
     pairs = list(zip(model.named_parameters(), initial.parameters()))
     assert len(pairs) == len(list(initial.parameters())) and all(p.shape == q.shape for (_, p), q in pairs)
     unchanged = [n for (n, p), q in pairs if torch.equal(p, q)]

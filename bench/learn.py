@@ -1,0 +1,185 @@
+"""The CPU mini-reproduction: does RL improve the embedded agent, and how do GRPO, FullPath-SD and SMRC-SD compare?
+
+    python bench/learn.py                                   # 3 algorithms x 3 seeds, eval on 200 held-out games, k=4
+    python bench/learn.py --seeds 0 --lambdas 0.1 0.3 1     # + the λ sweep of the distillation runs (seed 0)
+    python bench/learn.py --steps 2 --eval-games 2 --train-games 6 --out /tmp/learn      # smoke test
+
+Every run is the project's own trainer, `smrc.py --preset learn --algo A --seed S` (tiny-agent on small generated
+games, admissible action space, references = the policy's own successes), in its own folder; every evaluation is the
+project's own `evaluate.py eval` of the run's final checkpoint on the same held-out panel; the warm start itself is
+evaluated once as the "before" row. All runs of one algorithm differ only in the seed; no algorithm gets its own tuning.
+
+Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished evaluation (its
+JSON exists) is not repeated, so an interrupted sweep picks up where it stopped.
+Writes OUT/results.json (every number), OUT/results.md (the table) and OUT/curves.png (training success vs step,
+mean ± standard error over seeds).
+"""
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LearnArgs:
+    algos: tuple[str, ...] = ("grpo", "fullpath-sd", "smrc-sd")
+    """algorithms compared (same warm start, same budget)"""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """seeds per algorithm"""
+    steps: int = 20
+    """RL steps per run"""
+    model: str = "tiny-agent"
+    """the warm start every run starts from (tiny-agent-quick for smoke runs)"""
+    tasks_per_step: int = 4
+    """task groups per RL step"""
+    group_size: int = 8
+    """rollouts per task"""
+    sd_coef: float = 0.3
+    """λ of every distillation run of the main table"""
+    lambdas: tuple[float, ...] = ()
+    """extra λ values for fullpath-sd and smrc-sd (first seed only): the λ sweep"""
+    train_games: int = 400
+    """training games (the warm start's games)"""
+    eval_games: int = 200
+    """held-out evaluation games"""
+    k: int = 4
+    """sampled attempts per evaluation game (Avg@k, Pass@k)"""
+    out: str = "runs/learn"
+    """where runs, evaluations and the results go"""
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    """A child process with its output in `log`; a failure stops the sweep with the log's tail."""
+    with open(log, "a") as f:
+        rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = log.read_text().splitlines()[-20:]
+        raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
+
+
+def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
+    run = Path(args.out) / (f"{algo}-lam{sd_coef:g}-seed{seed}" if algo != "grpo" else f"grpo-seed{seed}")
+    final = run / f"step_{args.steps:06d}"
+    if not (final / "config.json").exists():
+        run.mkdir(parents=True, exist_ok=True)
+        _run(["smrc.py", "--preset", "learn", "--algo", algo, "--seed", str(seed), "--steps", str(args.steps),
+              "--save-every", str(args.steps), "--output-dir", str(run), "--grpo.sd-coef", str(sd_coef),
+              "--model", args.model, "--rollout.tasks-per-step", str(args.tasks_per_step),
+              "--rollout.group-size", str(args.group_size),
+              "--alfworld.num-train-games", str(args.train_games), "--alfworld.num-eval-games",
+              str(args.eval_games), "--resume"], run / "train.log")
+    return run
+
+
+def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool) -> dict:
+    out = Path(args.out) / "eval" / name
+    if not out.with_suffix(".json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
+        _run(["evaluate.py", "eval", *which, "--split", "eval", "--k", str(args.k), "--output", str(out),
+              "--tasks-per-batch", "16", "--limit", str(args.eval_games)], out.with_suffix(".log"))
+    return json.loads(out.with_suffix(".json").read_text())["rows"][0]["metrics"]
+
+
+def _curve(run: Path) -> list[float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["rollout/success_rate"] for r in sorted(rows, key=lambda r: r["step"])]
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+
+
+def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
+    row = {"name": name, "runs": [str(r) for r in runs], "n": len(evals)}
+    for key in (f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio"):
+        row[key] = _mean_se([e[key] for e in evals])
+    if runs:
+        metrics = [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines() if x.strip()] for r in runs]
+        for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
+            row[key] = _mean_se([np.nanmean([m.get(key, np.nan) for m in ms]) for ms in metrics])
+    return row
+
+
+def markdown(rows: list[dict], k: int) -> str:
+    cols = [f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio",
+            "router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"]
+    lines = ["| run | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{r[c][0]:.3f} ± {r[c][1]:.3f}" if c in r and not np.isnan(r[c][1]) else
+                 (f"{r[c][0]:.3f}" if c in r else "-") for c in cols]
+        lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(curves: dict[str, list[list[float]]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"[learn] matplotlib is not installed: {path} not drawn (pip install matplotlib)", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, runs in curves.items():
+        n = min(map(len, runs))
+        c = np.asarray([r[:n] for r in runs])
+        mean, se = c.mean(0), (c.std(0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros(n))
+        steps = np.arange(1, n + 1)
+        ax.plot(steps, mean, label=f"{name} (n={len(c)})")
+        ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("training success rate (sampled)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: float) -> str:
+    """Write results.json / results.md / curves.png from what has finished so far (rewritten after every run)."""
+    out = Path(args.out)
+    rows = [_row("warm start (before RL)", [before], [], args.k)]
+    rows += [_row(name, [m for _, m in rs], [r for r, _ in rs], args.k) for name, rs in results.items()]
+    gain = None
+    if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed, then mean ± SE over seeds
+        gain = _mean_se([m[f"avg@{args.k}"] - before[f"avg@{args.k}"] for _, m in results["grpo"]])
+    table = markdown(rows, args.k)
+    summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "wall_s": seconds}
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(table + "\n")
+    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
+    if gain:
+        table += f"\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
+    return table
+
+
+def main(args: LearnArgs) -> None:
+    t0 = time.perf_counter()
+    # seed-major: an interrupted sweep has every algorithm at the same number of seeds
+    jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
+    jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
+             for a in args.algos if a != "grpo"]
+    before = _evaluate(args, args.model, "warm-start", checkpoint=False)
+    results: dict[str, list] = {}
+    for algo, seed, lam in tqdm(jobs, desc="learn: runs"):
+        run = _train(args, algo, seed, lam)
+        metrics = _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
+        name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
+        results.setdefault(name, []).append((run, metrics))
+        table = summarize(args, before, results, time.perf_counter() - t0)
+    print(table)
+    print(f"[learn] wrote {args.out}/results.json, results.md, curves.png in {time.perf_counter() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(LearnArgs))

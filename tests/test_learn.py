@@ -1,0 +1,44 @@
+"""bench/learn.py end to end with tiny settings (2 steps, 2 evaluation games): every run trains and is evaluated with
+the project's own trainer and evaluation, the results are written, and a second call resumes instead of redoing work.
+The learning claim itself lives in the benchmark's output (README), not here.
+
+Run: pytest tests/test_learn.py -q
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos", "grpo", "smrc-sd",
+         "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2"]
+
+
+def _learn(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500)
+
+
+def test_learn_runs_end_to_end_and_resumes(tmp_path):
+    proc = _learn(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    names = [r["name"] for r in res["rows"]]
+    assert names == ["warm start (before RL)", "grpo", "smrc-sd"]
+    for row in res["rows"]:
+        assert 0.0 <= row["avg@2"][0] <= row["pass@2"][0] <= 1.0
+        assert row["valid_action_ratio"][0] == 1.0  # the learn preset decodes admissible commands only
+    smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd")
+    assert 0.0 <= smrc["router/match_rate"][0] <= 1.0 and "sd/distilled_share" in smrc
+    assert res["grpo_gain_avg@k"] is not None
+    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0"):
+        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2]
+        assert (tmp_path / run / "step_000002" / "model.safetensors").exists()
+        assert json.loads((tmp_path / "eval" / f"{run}.json").read_text())["k"] == 2
+    assert "| smrc-sd | 1 |" in (tmp_path / "results.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")}
+    again = _learn(tmp_path)  # everything is done: nothing is retrained or re-evaluated
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
