@@ -155,7 +155,7 @@ def learn_preset() -> Config:
     only (as in the paper), no KL anchor, 4 tasks x 8 rollouts per step."""
     return Config(
         preset="learn", model="tiny-agent", steps=20, output_dir="runs/learn", save_every=10,
-        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=400, num_eval_games=200,
+        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=320, num_eval_games=200,
                                 max_steps=20, require_think=False),
         rollout=RolloutConfig(tasks_per_step=4, group_size=8, gen_batch_size=64, action_space="admissible",
                               sampling=SamplingConfig(max_new_tokens=24)),

@@ -46,7 +46,7 @@ class LearnArgs:
     """λ of every distillation run of the main table"""
     lambdas: tuple[float, ...] = ()
     """extra λ values for fullpath-sd and smrc-sd (first seed only): the λ sweep"""
-    train_games: int = 400
+    train_games: int = 320
     """training games (the warm start's games)"""
     eval_games: int = 200
     """held-out evaluation games"""
@@ -85,7 +85,7 @@ def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
         _run(["evaluate.py", "eval", *which, "--split", "eval", "--k", str(args.k), "--output", str(out),
-              "--tasks-per-batch", "16", "--limit", str(args.eval_games)], out.with_suffix(".log"))
+              "--tasks-per-batch", "32", "--limit", str(args.eval_games)], out.with_suffix(".log"))
     return json.loads(out.with_suffix(".json").read_text())["rows"][0]["metrics"]
 
 
