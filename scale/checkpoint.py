@@ -115,9 +115,10 @@ def _write(tmp: Path, write) -> str | None:
     except Exception as e:  # safetensors, torch and tokenizers each raise their own types for an I/O error
         full = out_of_space(e, tmp.parent)  # before the partial folder is removed (which frees its space)
         shutil.rmtree(tmp, ignore_errors=True)
+        first = (str(e).splitlines() or [type(e).__name__])[0]
         if full:
-            return f"no space left on device while writing {tmp} ({e}); free space there, then --resume"
-        return f"could not write {tmp}: {e!r}"
+            return f"no space left on device while writing {tmp} ({first}); free space there, then --resume"
+        return f"could not write {tmp}: {type(e).__name__}: {first}"
 
 
 def out_of_space(e: BaseException, folder: Path) -> bool:
