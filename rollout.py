@@ -322,20 +322,21 @@ def read_log(path: Path) -> tuple[list[tuple[int, bytes]], int]:
     return rows, max(dropped, int(cut))  # a cut stream lost at least one row
 
 
-def _gunzip_prefix(data: bytes) -> tuple[bytes, bool]:
+def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
     """All a multi-member gzip stream (one member per append) decompresses to, up to where it was cut or damaged, and
-    whether it was."""
-    out = []
-    while data:
-        member = zlib.decompressobj(wbits=31)
+    whether it was. Fed in chunks, so the leftover input copied at each member's end stays small."""
+    out, member, fed, pending, i = [], zlib.decompressobj(wbits=31), False, b"", 0
+    while pending or i < len(data):
+        if not pending:
+            pending, i = data[i:i + chunk], i + chunk
         try:
-            out.append(member.decompress(data))
-        except zlib.error:
+            out.append(member.decompress(pending))
+        except zlib.error:  # damaged: keep what came out before it
             return b"".join(out), True
-        if not member.eof:  # truncated: keep what came out of it
-            return b"".join(out), True
-        data = member.unused_data
-    return b"".join(out), False
+        fed, pending = True, b""
+        if member.eof:  # the next append's member starts in what is left
+            member, fed, pending = zlib.decompressobj(wbits=31), False, member.unused_data
+    return b"".join(out), fed  # a member fed but not finished: the stream was cut
 
 
 def trim_logs(out: Path, last_step: int) -> None:
@@ -349,6 +350,8 @@ def trim_logs(out: Path, last_step: int) -> None:
             continue
         rows, dropped = read_log(path)
         keep = [ln for step, ln in rows if step <= last_step]
+        if name.endswith(".gz"):  # what write_archive counts against archive_max_turns
+            (out / "rollouts.jsonl.count").write_text(str(len(keep)))
         if len(keep) == len(rows) and not dropped:
             continue
         if len(keep) < len(rows):
@@ -357,8 +360,6 @@ def trim_logs(out: Path, last_step: int) -> None:
             print(f"[resume] {len(rows) - len(keep)} rows of {name} after step {last_step} moved to {aside}",
                   flush=True)
         _write_rows(path, keep)
-        if name.endswith(".gz"):
-            (out / "rollouts.jsonl.count").write_text(str(len(keep)))
         if dropped:
             print(f"[resume] {name}: {dropped} partial rows dropped (a write cut short); {len(rows)} complete rows "
                   f"kept", flush=True)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-import router
 import rollout
+import router
 from scale import checkpoint as ck
 from scale.distributed import World
 from scale.preflight import prepare_output_dir
