@@ -16,9 +16,9 @@ Naming: the *memory* of an episode is the list of its earlier (observation, acti
 *history key* is the sha1 chain above, which the `history` matcher compares.
 
 Deviations from verl-agent (numbered):
-1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks) is sent
-   to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response; verl-agent keeps the
-   extracted action when only <think> is missing.
+1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks, an action
+   over MAX_ACTION_CHARS) is sent to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased
+   response; verl-agent keeps the extracted action when only <think> is missing.
 2. 'help' is dropped from the ALFWorld admissible list shown in the prompt.
 """
 import hashlib
@@ -62,7 +62,10 @@ class StepResult:
 class ParsedAction:
     action: str  # text sent to the env
     valid: bool  # well-formed per the verl-agent projection (admissibility is not checked, as in verl-agent)
-    reason: str  # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions"
+    reason: str  # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions" | "too_long"
+
+
+MAX_ACTION_CHARS = 1000  # longer than any ALFWorld command or WebShop click; a longer action is invalid ("too_long")
 
 
 @dataclass
@@ -248,6 +251,8 @@ def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
     action = lower[start + len("<action>"):end].strip()
     if not action:
         return ParsedAction(fallback, False, "empty")
+    if len(action) > MAX_ACTION_CHARS:  # bounded before any env parses it (regexes there see short strings only)
+        return ParsedAction(fallback, False, "too_long")
     if require_think and ("<think>" not in lower or "</think>" not in lower):
         return ParsedAction(fallback, False, "missing_think")
     if _CJK.search(text):

@@ -69,6 +69,9 @@ class GRPOConfig:
     """recompute activations in backward (less memory, ~30% slower)"""
     bf16: bool = True
     """bf16 autocast on CUDA (ignored on CPU, where float32 is used)"""
+    max_nonfinite_steps: int = 3
+    """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error; each one
+    is skipped (no weight changes) and counted in actor/nonfinite_skips"""
 
 
 @dataclass
@@ -120,9 +123,11 @@ def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entr
 
 
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
-           ref_model=None, world=None) -> dict:
+           ref_model=None, world=None, nonfinite_streak: int = 0) -> dict:
     """One rollout batch of optimizer steps. `world` (optional, a multi-process `scale.distributed.World`) reduces
-    token counts and aligns step counts across ranks."""
+    token counts and aligns step counts across ranks. A mini-batch whose loss or gradient norm is not finite (on any
+    rank) takes no step; `nonfinite_streak` carries the count of such steps in a row across calls (returned as
+    actor/nonfinite_streak), and at cfg.max_nonfinite_steps the run stops with an error."""
     device = next(model.parameters()).device
     n_ranks = world.world_size if world is not None else 1
     # every rank must take the same number of optimizer steps: the mini-batch count is agreed on globally
@@ -133,7 +138,7 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
     sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "rollout_logprob_gap",
                           "tokens", "sd_tokens"], 0.0)  # the same keys on every rank, for the reduction below
-    grad_norms = []
+    grad_norms, skips = [], 0
     model.train()
     for _ in range(cfg.ppo_epochs):
         for m in range(n_mini):
@@ -142,6 +147,7 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
             if world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
                 n_tokens = world.all_sum(n_tokens)
             optimizer.zero_grad(set_to_none=True)
+            mb_loss = 0.0
             chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
             # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank
             # with fewer micro-batches adds zero-loss passes
@@ -153,20 +159,42 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
                     micro = [mb[i] for i in idx] if idx is not None else [Sample([pad_id], [pad_id], 0.0, [0.0])]
                     stats = _micro_step(model, ref_model, micro, cfg, pad_id, temperature, device, autocast,
                                         on_policy, max(n_tokens, 1.0) / n_ranks, dummy=idx is None)
+                mb_loss += stats.pop("loss", 0.0)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            grad_norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
-            optimizer.step()
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
+            skips += nonfinite_streak > 0
+            grad_norms += [grad_norm] if nonfinite_streak == 0 else []
     if world is not None:  # logged numbers mean the same as in one process: token means over every rank's tokens
         sums = {k: world.all_sum(v) for k, v in sorted(sums.items())}
     n_tok, n_sd = sums.pop("tokens"), sums.pop("sd_tokens")
     out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in ("sd_loss", "gap")}
     out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
     out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else float("nan")  # teacher − current policy
-    out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": optimizer.param_groups[0]["lr"],
-                "actor/optimizer_steps": len(grad_norms), "actor/tokens": n_tok})
+    out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+                "actor/lr": optimizer.param_groups[0]["lr"], "actor/optimizer_steps": len(grad_norms),
+                "actor/tokens": n_tok, "actor/nonfinite_skips": skips, "actor/nonfinite_streak": nonfinite_streak})
     return out
+
+
+def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GRPOConfig, world) -> int:
+    """optimizer.step() when the mini-batch's loss and gradient norm are finite on every rank (returns 0); else drop
+    the gradients, skip the step and return streak + 1, stopping the run when that reaches cfg.max_nonfinite_steps
+    (before anything is saved: the weights and optimizer state stay finite)."""
+    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if world is not None:  # every rank takes the same decision (the loss is per rank)
+        bad = bool(world.all_max(int(bad)))
+    if not bad:
+        optimizer.step()
+        return 0
+    optimizer.zero_grad(set_to_none=True)
+    if streak + 1 >= cfg.max_nonfinite_steps:
+        raise SystemExit(f"error: {streak + 1} optimizer steps in a row had a non-finite loss or gradient norm (last: "
+                         f"loss {loss}, grad norm {grad_norm}); each was skipped, and the run stops here without "
+                         f"saving (limit: --grpo.max-nonfinite-steps {cfg.max_nonfinite_steps})")
+    return streak + 1
 
 
 def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, device, autocast, on_policy, norm,
@@ -194,5 +222,5 @@ def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, de
     # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
     stats["rollout_logprob_gap"] = float(((_pad([s.sample_logprobs for s in mb], R).to(device) - logp.detach()).abs()
                                           * mask).sum())
-    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()))
+    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()))
     return stats

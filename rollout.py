@@ -17,7 +17,9 @@ gzip JSONL of every trained turn that the audits read (output_dir/rollouts.jsonl
 
 import gzip
 import json
+import os
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -298,29 +300,83 @@ def write_archive(path: Path, rows: list[dict], cap: int) -> int:
 
 
 def read_archive(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows, dropped = read_log(path)
+    if dropped:
+        print(f"[archive] {path}: {dropped} partial rows skipped (a write cut short)", flush=True)
+    return [json.loads(line) for _, line in rows]
+
+
+def read_log(path: Path) -> tuple[list[tuple[int, bytes]], int]:
+    """The complete rows (step, line) of a JSONL log (gzip when it ends in .gz) and how many partial ones it holds: a
+    last line cut by a kill or a full disk during the append, an unparsable line, a truncated gzip stream."""
+    data, cut = path.read_bytes(), False
+    if path.suffix == ".gz":
+        data, cut = _gunzip_prefix(data)
+    *lines, tail = data.split(b"\n")  # tail: b"" when the file ends with a newline, else a torn last line
+    rows, dropped = [], int(bool(tail.strip()))
+    for line in (ln for ln in lines if ln.strip()):
+        try:
+            rows.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+    return rows, max(dropped, int(cut))  # a cut stream lost at least one row
+
+
+def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
+    """All a multi-member gzip stream (one member per append) decompresses to, up to where it was cut or damaged, and
+    whether it was. Fed in chunks, so the leftover input copied at each member's end stays small."""
+    out, member, fed, pending, i = [], zlib.decompressobj(wbits=31), False, b"", 0
+    while pending or i < len(data):
+        if not pending:
+            pending, i = data[i:i + chunk], i + chunk
+        try:
+            out.append(member.decompress(pending))
+        except zlib.error:  # damaged: keep what came out before it
+            return b"".join(out), True
+        fed, pending = True, b""
+        if member.eof:  # the next append's member starts in what is left
+            member, fed, pending = zlib.decompressobj(wbits=31), False, member.unused_data
+    return b"".join(out), fed  # a member fed but not finished: the stream was cut
 
 
 def trim_logs(out: Path, last_step: int) -> None:
     """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the rollout
     archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same folder) move
-    to *.after_step_N files, so nothing is logged twice and nothing is deleted."""
+    to *.after_step_N files (never overwriting an earlier one), so nothing is logged twice and nothing is deleted.
+    Partial rows (a torn last line, a truncated gzip stream) are dropped and counted; every complete row is kept."""
     for name in ("metrics.jsonl", "rollouts.jsonl.gz"):
         path = out / name
         if not path.exists():
             continue
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            lines = f.read().splitlines()
-        keep = [ln for ln in lines if json.loads(ln)["step"] <= last_step]
-        if len(keep) == len(lines):
-            continue
-        aside = out / name.replace(".jsonl", f".after_step_{last_step}.jsonl")
-        with opener(aside, "wt") as f:
-            f.writelines(ln + "\n" for ln in lines if json.loads(ln)["step"] > last_step)
-        with opener(path, "wt") as f:
-            f.writelines(ln + "\n" for ln in keep)
-        if name.endswith(".gz"):
+        rows, dropped = read_log(path)
+        keep = [ln for step, ln in rows if step <= last_step]
+        if name.endswith(".gz"):  # what write_archive counts against archive_max_turns
             (out / "rollouts.jsonl.count").write_text(str(len(keep)))
-        print(f"[resume] {len(lines) - len(keep)} rows of {name} after step {last_step} moved to {aside}", flush=True)
+        if len(keep) == len(rows) and not dropped:
+            continue
+        if len(keep) < len(rows):
+            aside = _free(out, name, last_step)
+            _write_rows(aside, [ln for step, ln in rows if step > last_step])
+            print(f"[resume] {len(rows) - len(keep)} rows of {name} after step {last_step} moved to {aside}",
+                  flush=True)
+        _write_rows(path, keep)
+        if dropped:
+            print(f"[resume] {name}: {dropped} partial rows dropped (a write cut short); {len(rows)} complete rows "
+                  f"kept", flush=True)
+
+
+def _free(out: Path, name: str, step: int) -> Path:
+    """out/metrics.after_step_N.jsonl, or .after_step_N.2.jsonl, .3, ... when taken by an earlier resume."""
+    n, path = 1, out / name.replace(".jsonl", f".after_step_{step}.jsonl")
+    while path.exists():
+        n += 1
+        path = out / name.replace(".jsonl", f".after_step_{step}.{n}.jsonl")
+    return path
+
+
+def _write_rows(path: Path, rows: list[bytes]) -> None:
+    """Write (gzip for .gz) to a temporary file, then rename: a kill during the repair loses nothing."""
+    tmp = path.with_name(path.name + ".tmp")
+    with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
+        f.writelines(ln + b"\n" for ln in rows)
+    os.replace(tmp, path)

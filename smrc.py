@@ -50,8 +50,9 @@ from grpo import GRPOConfig
 from models import HFEngine, SamplingConfig, load_model
 from router import RouterConfig
 from scale import distributed
-from scale.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from scale.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
 from scale.distributed import DistConfig, World, init_distributed, print0
+from scale.preflight import prepare_output_dir, validate_config
 from scale.vllm_engine import VLLMEngine
 from teacher import TeacherConfig
 
@@ -105,7 +106,9 @@ class Config:
     keep_checkpoints: int = 3
     """checkpoints kept (oldest deleted first)"""
     resume: bool = False
-    """continue from the latest checkpoint in output_dir"""
+    """continue from the latest checkpoint in output_dir (without it, a folder holding checkpoints is refused)"""
+    resume_from: str = ""
+    """continue from this checkpoint instead (a folder, or a step_XXXXXX name in output_dir); implies --resume"""
     archive_max_turns: int = 1_000_000
     """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are counted,
     not written (0 = no archive)"""
@@ -221,6 +224,7 @@ class Setup:
     start: int                    # the first step to run (the checkpoint's step on --resume)
     engine: object                # HFEngine or VLLMEngine
     replay_env: object = None     # env without a step limit for planner references, made on first use
+    nonfinite: int = 0            # optimizer steps skipped in a row for a non-finite loss or gradient norm
 
 
 def planner_references(cfg: Config, s: Setup, tasks: list[envs.Task]) -> list[router.Trajectory]:
@@ -292,7 +296,7 @@ def setup(cfg: Config, world: World) -> Setup:
         resolve(cfg.model)
     world.barrier()
     model_path = resolve(cfg.model)
-    ckpt = latest_checkpoint(out) if cfg.resume else None
+    ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None  # verified
     if cfg.resume and ckpt is None:
         print0(world, f"[resume] no checkpoint in {out}; starting from step 0")
     model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
@@ -307,6 +311,7 @@ def setup(cfg: Config, world: World) -> Setup:
     bank = router.ReferenceBank(cfg.router.archive_size)
     start = load_trainer_state(ckpt, model, optimizer, bank) if ckpt else 0
     if world.is_main:
+        set_aside_newer(out, start)
         rollout.trim_logs(out, start)
     if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then given the trainer's weights
         engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
@@ -319,10 +324,11 @@ def setup(cfg: Config, world: World) -> Setup:
 
 
 def main(cfg: Config) -> None:
+    validate_config(cfg)
     world = init_distributed(cfg.device)
     out = Path(cfg.output_dir)
     if world.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
         print(json.dumps(dataclasses.asdict(cfg), indent=1), flush=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     seed_step(cfg.seed, 0, world.rank)
@@ -379,7 +385,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     getattr(s.engine, "sleep", lambda: None)()
     actor = grpo.update(s.model, s.optimizer, samples, cfg.grpo, pad_id=s.tokenizer.pad_token_id,
                         temperature=cfg.rollout.sampling.temperature, ref_model=s.ref_model,
-                        world=world if world.enabled else None)
+                        world=world if world.enabled else None, nonfinite_streak=s.nonfinite)
+    s.nonfinite = actor["actor/nonfinite_streak"]
     # 8. sync the rollout engine, archive the turns, log, checkpoint
     s.engine.sync_weights(s.model)
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
@@ -428,7 +435,9 @@ def log_step(out: Path, step: int, cfg: Config, everyone: list[dict], actor: dic
         f.write(json.dumps(m) + "\n")
     print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
-          f"gap {m['sd/teacher_minus_student_logp']:.3f} | {dt:.1f}s (env {m['time/env_share']:.0%})", flush=True)
+          f"gap {m['sd/teacher_minus_student_logp']:.3f} | {dt:.1f}s (env {m['time/env_share']:.0%})"
+          + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -5,17 +5,22 @@ built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env
 engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit passes (a
 planner call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
 restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
-their limit, so only a longer limit retries.
+their limit, so only a longer limit retries. The process dies with its parent, whatever kills it (SIGKILL included):
+it is spawned (it holds no copy of the parent's pipe end, so the parent's death is an EOF) and asks for the Linux
+parent-death signal (`die_with_parent`), which also ends it in the middle of a plan.
 """
 import multiprocessing as mp
+import os
 import time
 import traceback
 
 import envs
+from environments.pool import die_with_parent
 from envs import EnvError, PlanResult, Task
 
 
-def _planner_worker(conn, cfg) -> None:
+def _planner_worker(conn, cfg, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     env = envs.make_env(cfg)
     conn.send("ready")
     while True:
@@ -48,7 +53,7 @@ class Planner:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_planner_worker, args=(child, self.cfg), daemon=True)
+        self._proc = ctx.Process(target=_planner_worker, args=(child, self.cfg, os.getpid()), daemon=True)
         self._proc.start()
         child.close()
         if not self._conn.poll(120) or self._conn.recv() != "ready":

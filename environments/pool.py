@@ -12,8 +12,15 @@
   closed. num_workers=0 runs the envs in-process (same results, no overlap).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
   workers spent computing (`worker_s`), so the trainer can report the env share of step time.
+- Workers never outlive the trainer, whatever kills it (SIGKILL included): a forked worker closes its copies of the
+  trainer's pipe ends, so the trainer's death is an EOF on its pipe, and on Linux it also asks the kernel for SIGKILL
+  when its parent dies (`die_with_parent`, for a worker busy inside an env call).
 """
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 import traceback
 
@@ -21,7 +28,22 @@ import envs
 from envs import EnvError, StepResult, Task
 
 
-def _worker(conn, cfg) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel sends this process SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere a no-op.
+    A parent that died before the request is caught by the pid check."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no libc prctl: the closed pipe ends still end an idle worker
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
+    for c in inherited:  # this fork's copies of the trainer's pipe ends: without them, the trainer's death is an EOF
+        c.close()
+    die_with_parent(parent_pid)
     slots = {}
     while True:
         try:
@@ -57,7 +79,8 @@ class EnvPool:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         for _ in range(self.num_workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, cfg), daemon=True)
+            inherited = [*self._conns, parent] if ctx.get_start_method() == "fork" else []  # spawn inherits none
+            proc = ctx.Process(target=_worker, args=(child, cfg, os.getpid(), inherited), daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)

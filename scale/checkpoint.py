@@ -1,13 +1,31 @@
 """Checkpoints: step_XXXXXX/ = save_pretrained (safetensors, loadable by from_pretrained) + tokenizer +
-trainer_state.pt (optimizer, reference bank, RNG states, step) + smrc_config.json, written to a temporary folder and
-renamed, so a run killed mid-save never leaves a half checkpoint; `latest` names the newest one. Under torchrun every
-rank takes part in gathering the full weights and optimizer state (FSDP shards them); rank 0 alone writes.
+trainer_state.pt (optimizer, reference bank, RNG states as tensors, step: loadable with `weights_only=True`) +
+smrc_config.json + checksums.sha256 (`sha256sum -c` format), written to a temporary folder and renamed, so a run killed
+mid-save never leaves a half checkpoint; `latest` names the newest one. Under torchrun every rank takes part in
+gathering the full weights and optimizer state (FSDP shards them); rank 0 alone writes.
+
+What a run can rely on:
+1. A checkpoint is never written with non-finite weights or optimizer state: the check runs before anything is written.
+2. A failed write (a full disk, a read-only folder) is one `error:` line naming the path; the partial folder is
+   removed and `latest` keeps naming the previous checkpoint. Stale `.tmp_step_*` folders of a killed run are removed
+   on the next start.
+3. Rotation (`keep_checkpoints`) orders checkpoints by step number and deletes only ones older than the checkpoint just
+   written, so `latest` always names an existing, complete checkpoint.
+4. A fresh run (no --resume) refuses an output folder that holds checkpoints (scale/preflight.py): continue it with
+   --resume, or pick a new --output-dir, so two runs' steps never mix in one folder. On a resume from step S,
+   checkpoints after S (another timeline, e.g. after --resume-from an older one) are set aside as
+   step_XXXXXX.after_step_S, never deleted.
+5. --resume verifies the checksums; a missing, unreadable or corrupt file is one `error:` line naming it and the
+   newest intact older checkpoint, with the --resume-from flag that continues from it.
 """
 
 import dataclasses
+import errno
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -17,27 +35,151 @@ import torch
 from scale.distributed import (World, full_optimizer_state_dict, full_state_dict, load_full_optimizer_state_dict,
                                unwrap)
 
+CHECKSUMS = "checksums.sha256"
+
+
+def step_of(path: Path) -> int | None:
+    m = re.fullmatch(r"step_(\d{6,})", path.name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """The checkpoint folders step_XXXXXX of `out`, oldest step first (by number, not by name)."""
+    found = [p for p in out.glob("step_*") if step_of(p) is not None and p.is_dir()] if out.is_dir() else []
+    return sorted(found, key=step_of)
+
+
+def unique_path(path: Path) -> Path:
+    """`path`, or the first free `name.2`, `name.3`, ... beside it: set-aside files never overwrite each other."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Writing
+
 
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg, world: World) -> Path | None:
-    """Collective under torchrun (every rank calls it); rank 0 writes. Returns the checkpoint path on rank 0."""
+    """Collective under torchrun (every rank calls it); rank 0 checks and writes. Returns the checkpoint path on rank
+    0. A failure on rank 0 (non-finite values, a failed write) ends every rank with the same error."""
     weights = full_state_dict(model)
     optim = full_optimizer_state_dict(model, optimizer)
     final, tmp = out / f"step_{step:06d}", out / f".tmp_step_{step:06d}"
+    problem = None
     if world.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        torch.save({"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng}, tmp / "trainer_state.pt")
-        (tmp / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        (out / "latest.tmp").write_text(final.name)
-        os.replace(out / "latest.tmp", out / "latest")
-        for old in sorted(out.glob("step_*"))[:-cfg.keep_checkpoints]:
-            shutil.rmtree(old)
+        problem = nonfinite(weights, optim)
+        if problem is None:
+            state = {"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng_state()}
+            problem = _write(tmp, lambda: _write_files(tmp, model, weights, tokenizer, state, cfg))
+        if problem is not None:
+            latest = latest_checkpoint(out)
+            problem = (f"error: checkpoint of step {step} not written ({out / 'latest'} still names "
+                       f"{latest.name if latest else 'no checkpoint'}): {problem}")
+    if world.all_max(int(problem is not None)):
+        raise SystemExit(problem or f"error: rank 0 could not write the checkpoint of step {step} (see its log)")
+    if world.is_main:
+        _publish(out, tmp, final, cfg.keep_checkpoints)
     world.barrier()
     return final if world.is_main else None
+
+
+def nonfinite(weights: dict, optim: dict) -> str | None:
+    """What holds a NaN or an infinity in the weights or the optimizer state, or None."""
+    def bad(tree, where):
+        if isinstance(tree, torch.Tensor):
+            return where if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+        return next((b for k, v in items if (b := bad(v, f"{where}.{k}")) is not None), None)
+    found = bad(weights, "weights") or bad(optim, "optimizer")
+    return None if found is None else f"non-finite values in {found}"
+
+
+def _write_files(tmp: Path, model, weights: dict, tokenizer, state: dict, cfg) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    with open(tmp / "trainer_state.pt", "wb") as f:  # a file object: a write error keeps its errno (ENOSPC)
+        torch.save(state, f)
+    (tmp / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    write_checksums(tmp)
+
+
+def _write(tmp: Path, write) -> str | None:
+    """Run `write`; on failure remove the partial folder and say what failed, naming the path and a full disk."""
+    try:
+        write()
+        return None
+    except Exception as e:  # safetensors, torch and tokenizers each raise their own types for an I/O error
+        full = out_of_space(e, tmp.parent)  # before the partial folder is removed (which frees its space)
+        shutil.rmtree(tmp, ignore_errors=True)
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        if full:
+            return f"no space left on device while writing {tmp} ({first}); free space there, then --resume"
+        return f"could not write {tmp}: {type(e).__name__}: {first}"
+
+
+def out_of_space(e: BaseException, folder: Path) -> bool:
+    """ENOSPC anywhere in the exception chain, its text in a wrapped error (safetensors, tokenizers), or a folder
+    with (almost) no free space left after a write failed (torch's own writer reports only 'iostream error')."""
+    while e is not None:
+        if getattr(e, "errno", None) == errno.ENOSPC or any(s in str(e) for s in ("No space left", "os error 28")):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(folder).free < 2**20
+    except OSError:
+        return False
+
+
+def _publish(out: Path, tmp: Path, final: Path, keep: int) -> None:
+    """Rename the complete folder into place, point `latest` at it, then delete checkpoints older than the newest
+    `keep` (never the one just written, never a newer one)."""
+    if final.exists():  # only a checkpoint of another timeline can sit here: set it aside, never delete it
+        aside = unique_path(out / f"{final.name}.replaced")
+        os.replace(final, aside)
+        print(f"[checkpoint] {final} existed (another run's); moved to {aside}", flush=True)
+    os.replace(tmp, final)
+    (out / "latest.tmp").write_text(final.name)
+    os.replace(out / "latest.tmp", out / "latest")
+    older = [c for c in checkpoints(out) if step_of(c) < step_of(final)]
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old)
+
+
+def write_checksums(folder: Path) -> None:
+    lines = [f"{sha256(p)}  {p.name}\n" for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS]
+    (folder / CHECKSUMS).write_text("".join(lines))
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states as tensors and plain numbers (loadable with weights_only=True)."""
+    version, key, gauss = random.getstate()
+    _, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    return {"python": torch.tensor(key, dtype=torch.int64), "python_version": version, "python_gauss": gauss,
+            "numpy": torch.from_numpy(np_key.astype(np.int64)), "numpy_pos": int(np_pos),
+            "numpy_has_gauss": int(np_has_gauss), "numpy_gauss": float(np_gauss), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate((s["python_version"], tuple(s["python"].tolist()), s["python_gauss"]))
+    np.random.set_state(("MT19937", s["numpy"].numpy().astype(np.uint32), s["numpy_pos"], s["numpy_has_gauss"],
+                         s["numpy_gauss"]))
+    torch.set_rng_state(s["torch"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Starting and resuming
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -45,12 +187,64 @@ def latest_checkpoint(out: Path) -> Path | None:
     return out / p.read_text().strip() if p.exists() else None
 
 
+def verify(ckpt: Path) -> str | None:
+    """None when every file listed in checksums.sha256 is present with its recorded hash; else what is wrong."""
+    sums = ckpt / CHECKSUMS
+    if not ckpt.is_dir():
+        return f"{ckpt} is missing"
+    if not sums.is_file():
+        return f"{sums} is missing (the checkpoint is incomplete or was written by an older version)"
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        path = ckpt / name
+        try:
+            actual = sha256(path)
+        except OSError as e:
+            return f"{path} is {'missing' if isinstance(e, FileNotFoundError) else 'unreadable'} ({e.strerror})"
+        if actual != digest:
+            return f"{path} is corrupt (its sha256 differs from the one recorded in {sums})"
+    return None
+
+
+def resume_checkpoint(out: Path, resume_from: str = "") -> Path | None:
+    """The checkpoint to resume from: --resume-from's (a folder, or a name inside `out`), else the one `latest` names
+    (None when there is none). Verified: a bad one is one error line naming the file and the newest intact older
+    checkpoint, with the flag that resumes from it."""
+    if resume_from:
+        ckpt = Path(resume_from) if Path(resume_from).exists() else out / resume_from
+    else:
+        ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return None
+    problem = verify(ckpt)
+    if problem is None:
+        return ckpt
+    step = step_of(ckpt)
+    older = [c for c in checkpoints(ckpt.parent) if step is None or step_of(c) < step]
+    intact = next((c for c in reversed(older) if verify(c) is None), None)
+    hint = (f"the newest intact older checkpoint is {intact}: continue from it with --resume-from {intact}"
+            if intact else f"no intact older checkpoint in {ckpt.parent}")
+    raise SystemExit(f"error: cannot resume from {ckpt}: {problem}; {hint}")
+
+
+def set_aside_newer(out: Path, step: int) -> None:
+    """Checkpoints after the resumed step belong to another timeline: rename them, so rotation never meets them."""
+    for ckpt in (c for c in checkpoints(out) if step_of(c) > step):
+        aside = unique_path(out / f"{ckpt.name}.after_step_{step}")
+        os.replace(ckpt, aside)
+        print(f"[resume] {ckpt} is after step {step}; moved to {aside}", flush=True)
+
+
 def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
-    """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the model)."""
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the model).
+    weights_only=True: the file holds tensors and plain data only, so loading it runs no pickled code."""
+    path = ckpt / "trainer_state.pt"
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {path} cannot be loaded with weights_only=True ({str(e).splitlines()[0]}); "
+                         f"it is damaged or was written by an older version") from None
     load_full_optimizer_state_dict(model, optimizer, state["optimizer"])
     bank.load_state_dict(state["bank"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
+    set_rng_state(state["rng"])
     return state["step"]

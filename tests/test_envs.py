@@ -4,14 +4,18 @@ the official sample).
 Covers: intro text and admissible actions, 'Nothing happens.', rewards and the step limit, state signatures
 (equal for equal states reached by different paths, different when any documented field differs), the history
 key, prompts, the action-parsing table, the clear DataError, the official sample (loads, planner solves it, old
-`put X in/on Y` grammar), EnvPool == in-process envs, worker errors naming task and action, planner timeouts.
+`put X in/on Y` grammar), EnvPool == in-process envs, worker errors naming task and action, planner timeouts, no
+worker or planner outliving a SIGKILLed trainer, linear-time action normalisation.
 Run: .venv/bin/python -m pytest tests/test_envs.py -q   (official-sample tests use $ALFWORLD_DATA, else
 ../shared/alfworld_data, and are skipped when neither holds json_2.1.1/train)
 """
 import importlib.util
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -185,6 +189,7 @@ PARSE_TABLE = [  # (text, require_think, valid, reason, expected action; None = 
     ("<think>我想</think><action>look</action>", True, False, "cjk", None),
     ("<think>ok</think><action>look</action> 我", True, False, "cjk", None),
     ("X" * 40 + "<action>LOOK", False, False, "missing_action_tags", None),
+    ("<action>" + "go to shelf 1 " * 100 + "</action>", False, False, "too_long", None),  # over MAX_ACTION_CHARS
 ]
 
 
@@ -317,3 +322,56 @@ def test_planner_timeout_is_reported_not_hung(tasks):
     bad = planner.plan(tasks[5], ok.actions + ["look"], 60)
     assert bad.status == "error" and "episode ended" in bad.message
     planner.close()
+
+
+def test_normalise_action_is_linear_on_a_1mb_action():
+    """The old `_PUT` backtracked quadratically when `.` met a newline (4.8 s on 40 KB)."""
+    for action in ("put " + "x on " * 200_000 + "\n\nz", "move " + "a to \n" * 170_000 + "z", "put " + "a" * 10**6):
+        t0 = time.perf_counter()
+        assert alfworld.normalise_action(action, ["look"]) == action  # not admissible: as is
+        alfworld._PUT.match(action), alfworld._MOVE.match(action)  # the regexes alone, without the length bound
+        assert time.perf_counter() - t0 < 1, len(action)
+    assert alfworld.normalise_action("put mug 1 in\nshelf 1", ["move mug 1 to shelf 1"]) == "put mug 1 in\nshelf 1"
+
+
+ORPHAN_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {repo!r})
+import envs
+from environments.alfworld import AlfworldConfig
+from environments.planner import Planner
+from environments.pool import EnvPool
+cfg = AlfworldConfig(num_train_games=6, num_eval_games=6, cache_dir={cache!r})
+pool = EnvPool(cfg, num_workers=2)  # first, as in smrc.main: the workers fork before anything else exists
+tasks = envs.load_tasks(cfg, "train")
+pool.reset([0, 1], tasks[:2])
+planner = Planner(cfg)
+assert planner.plan(tasks[0], [], 120).status == "ok"
+print(json.dumps([p.pid for p in pool._procs] + [planner._proc.pid]), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_and_planner_exit_when_the_trainer_is_sigkilled(cfg, tasks):
+    script = ORPHAN_SCRIPT.format(repo=REPO, cache=cfg.cache_dir)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = json.loads(next(line for line in trainer.stdout if line.startswith("[")))
+    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    os.kill(trainer.pid, signal.SIGKILL)
+    trainer.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for pid in left:  # do not leak them into the rest of the test session
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of 2 env workers + planner outlived the SIGKILLed trainer by 5 s"

@@ -137,3 +137,34 @@ def test_single_minibatch_is_exactly_on_policy(tiny):
                       pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == pytest.approx(1.0) and out["actor/clipfrac"] == 0.0
     assert out["actor/optimizer_steps"] == 1
+
+
+def _nan_batch(n_bad: int):
+    """Two mini-batches of one sample each; the first `n_bad` have a NaN advantage (a NaN loss)."""
+    return [Sample([5, 6, 7], [8, 9], float("nan") if i < n_bad else 1.0, [-1.0, -1.0]) for i in range(2)]
+
+
+def test_nonfinite_loss_skips_the_step_and_is_counted(tiny):
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in m.parameters()]
+    cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=1, max_nonfinite_steps=3)
+    out = grpo.update(m, opt, _nan_batch(2), cfg, pad_id=tok.pad_token_id)
+    assert out["actor/nonfinite_skips"] == 2 and out["actor/optimizer_steps"] == 0
+    assert out["actor/nonfinite_streak"] == 2 and math.isnan(out["actor/grad_norm"])
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before)) and not opt.state  # nothing moved
+    out = grpo.update(m, opt, _nan_batch(1), cfg, pad_id=tok.pad_token_id, nonfinite_streak=1)
+    assert (out["actor/nonfinite_skips"], out["actor/optimizer_steps"], out["actor/nonfinite_streak"]) == (1, 1, 0)
+    assert all(torch.isfinite(p).all() for p in m.parameters()) and math.isfinite(out["actor/grad_norm"])
+    assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))  # the finite mini-batch stepped
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run(tiny):
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=1, max_nonfinite_steps=3)
+    with pytest.raises(SystemExit, match=r"^error: 3 optimizer steps in a row .*--grpo.max-nonfinite-steps 3"):
+        grpo.update(m, opt, _nan_batch(2), cfg, pad_id=tok.pad_token_id, nonfinite_streak=1)  # carried over
+    assert all(torch.isfinite(p).all() for p in m.parameters())

@@ -3,6 +3,7 @@ from_pretrained, SMRC-SD distils matched turns, resume reproduces the uninterrup
 
 Run: pytest tests/test_smrc.py -q   (about 3 minutes on 2 cores)
 """
+import dataclasses
 import gzip
 import json
 import os
@@ -130,3 +131,92 @@ def test_missing_alfworld_data_is_one_clear_error(tmp_path):
     assert proc.returncode != 0
     assert "ALFWORLD_DATA" in proc.stderr and "alfworld-download" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Runs that survive: bad input is one error line before any heavy work; a non-finite update is skipped, never saved
+
+BAD_CONFIG = [  # (flags, the flag the error names)
+    (["--grpo.lr", "nan"], "--grpo.lr"),
+    (["--grpo.lr", "-1"], "--grpo.lr"),
+    (["--grpo.lr", "inf"], "--grpo.lr"),
+    (["--steps", "-1"], "--steps"),
+    (["--steps", "0"], "--steps"),
+    (["--rollout.tasks-per-step", "0"], "--rollout.tasks-per-step"),
+    (["--rollout.group-size", "1"], "--rollout.group-size"),
+    (["--algo", "grpo", "--rollout.group-size", "1"], "--rollout.group-size"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    (["--save-every", "0"], "--save-every"),
+    (["--grpo.max-grad-norm", "0"], "--grpo.max-grad-norm"),
+    (["--rollout.sampling.temperature", "0"], "--rollout.sampling.temperature"),
+    (["--alfworld.max-steps", "0"], "--alfworld.max-steps"),
+]
+
+
+@pytest.mark.parametrize("flags,named", BAD_CONFIG)
+def test_config_validation_table(flags, named):
+    import smrc
+    from scale.preflight import validate_config
+    with pytest.raises(SystemExit) as e:
+        validate_config(smrc.parse_config(["--preset", "tiny", *flags]))
+    assert str(e.value).startswith(f"error: {named} ") and "allowed:" in str(e.value) and "\n" not in str(e.value)
+    validate_config(smrc.parse_config(["--preset", "tiny"]))  # the preset itself passes
+
+
+def test_bad_input_is_one_error_line_before_any_work(tmp_path):
+    used = tmp_path / "used"
+    for step in (2, 4, 8):
+        (used / f"step_{step:06d}").mkdir(parents=True)
+    for flags, expected in [(["--grpo.lr", "nan", "--output-dir", str(tmp_path / "new")], "error: --grpo.lr nan"),
+                            (["--output-dir", str(used)], "--resume")]:
+        proc = run("--preset", "tiny", *flags, check=False)
+        assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "new").exists()  # nothing written for a rejected config
+    assert sorted(p.name for p in used.iterdir()) == ["step_000002", "step_000004", "step_000008"]  # kept
+
+
+def test_nan_loss_is_skipped_counted_never_saved_and_stops_the_run(tmp_path, monkeypatch, capsys):
+    import math
+    from safetensors.torch import load_file
+    import smrc
+    calls = []
+
+    def nan_advantages(*args, **kwargs):  # every step's loss is NaN
+        calls.append(1)
+        return [dataclasses.replace(s, advantage=float("nan")) for s in build(*args, **kwargs)]
+    build = smrc.build_samples
+    monkeypatch.setattr(smrc, "build_samples", nan_advantages)
+    cfg = smrc.parse_config(["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2",
+                             "--alfworld.max-steps", "2", "--alfworld.num-workers", "0", "--steps", "3",
+                             "--save-every", "1", "--grpo.max-nonfinite-steps", "2", "--output-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="^error: 2 optimizer steps in a row had a non-finite loss"):
+        smrc.main(cfg)
+    assert len(calls) == 2 and "1 non-finite steps skipped" in capsys.readouterr().out
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1] and rows[0]["actor/nonfinite_skips"] == 1
+    assert rows[0]["actor/optimizer_steps"] == 0
+    assert (tmp_path / "latest").read_text() == "step_000001" and not (tmp_path / "step_000002").exists()
+    weights = load_file(tmp_path / "step_000001" / "model.safetensors")
+    state = torch.load(tmp_path / "step_000001" / "trainer_state.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert all(torch.isfinite(t).all() for s in state["optimizer"]["state"].values() for t in s.values()
+               if t.is_floating_point()) and not math.isnan(state["step"])
+
+
+def test_resume_from_a_corrupt_checkpoint_names_the_file_and_the_intact_one(smrc_run, tmp_path):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(smrc_run, run_dir)
+    weights = run_dir / "step_000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    proc = run(*FAST, "--steps", "3", "--resume", "--output-dir", str(run_dir), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error:") and str(weights) in line and f"--resume-from {run_dir / 'step_000001'}" in line
+    small = ["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2", "--alfworld.max-steps",
+             "2"]  # one cheap step from the intact checkpoint
+    proc = run(*small, "--steps", "2", "--resume-from", str(run_dir / "step_000001"), "--output-dir", str(run_dir))
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2] and "steps 1->2" in proc.stdout
+    assert (run_dir / "step_000002.after_step_1" / "model.safetensors").exists()  # set aside, not deleted
+    assert len(list(run_dir.glob("metrics.after_step_1*.jsonl"))) == 1
