@@ -80,13 +80,13 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
 
 
 def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool) -> dict:
-    out = Path(args.out) / "eval" / name
-    if not out.with_suffix(".json").exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
+    out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md (a name may hold dots: lam0.3)
+    if not Path(out + ".json").exists():
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
-        _run(["evaluate.py", "eval", *which, "--split", "eval", "--k", str(args.k), "--output", str(out),
-              "--tasks-per-batch", "32", "--limit", str(args.eval_games)], out.with_suffix(".log"))
-    return json.loads(out.with_suffix(".json").read_text())["rows"][0]["metrics"]
+        _run(["evaluate.py", "eval", *which, "--split", "eval", "--k", str(args.k), "--output", out,
+              "--tasks-per-batch", "32", "--limit", str(args.eval_games)], Path(out + ".log"))
+    return json.loads(Path(out + ".json").read_text())["rows"][0]["metrics"]
 
 
 def _curve(run: Path) -> list[float]:
