@@ -98,7 +98,9 @@ def panel_metrics(episodes: list, k: int) -> dict:
     assert all(len(v) == k for v in by_task.values()), "every task must have exactly k attempts"
     outcomes = [[float(e.won) for e in eps] for eps in by_task.values()]
     turns = [t for e in episodes for t in e.turns]
+    per_task = [np.mean(row) for row in outcomes]
     m = {"tasks": len(by_task), "episodes": len(episodes), f"avg@{k}": avg_at_k(outcomes),
+         f"avg@{k}_se": float(np.std(per_task, ddof=1) / np.sqrt(len(per_task))) if len(per_task) > 1 else 0.0,
          f"pass@{k}": pass_at_k(outcomes),
          "score": float(np.mean([e.score for e in episodes])),
          "accuracy": float(np.mean([e.score == 1.0 for e in episodes])),

@@ -15,9 +15,11 @@ Writes OUT/results.json (every number), OUT/results.md (the table) and OUT/curve
 mean ± standard error over seeds).
 """
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import tyro
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
+THREADS = [0]  # torch threads per child process (0 = torch's default); set from --workers
 
 
 @dataclass
@@ -54,12 +57,17 @@ class LearnArgs:
     """sampled attempts per evaluation game (Avg@k, Pass@k)"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
+    workers: int = 1
+    """runs (training + evaluation) in flight at once; with more than one, each child gets
+    max(1, cores // workers) torch threads (on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices
+    use a second thread poorly, and env workers overlap)"""
 
 
 def _run(cmd: list[str], log: Path) -> None:
     """A child process with its output in `log`; a failure stops the sweep with the log's tail."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS[0])} if THREADS[0] else None
     with open(log, "a") as f:
-        rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
         tail = log.read_text().splitlines()[-20:]
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
@@ -79,12 +87,13 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
     return run
 
 
-def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool) -> dict:
+def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: bool = False) -> dict:
     out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md (a name may hold dots: lam0.3)
     if not Path(out + ".json").exists():
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
-        _run(["evaluate.py", "eval", *which, "--split", "eval", "--k", str(args.k), "--output", out,
+        sampling = ["--k", "1", "--temperature", "0"] if greedy else ["--k", str(args.k)]
+        _run(["evaluate.py", "eval", *which, "--split", "eval", *sampling, "--output", out,
               "--tasks-per-batch", "32", "--limit", str(args.eval_games)], Path(out + ".log"))
     return json.loads(Path(out + ".json").read_text())["rows"][0]["metrics"]
 
@@ -103,6 +112,8 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
     row = {"name": name, "runs": [str(r) for r in runs], "n": len(evals)}
     for key in (f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio"):
         row[key] = _mean_se([e[key] for e in evals])
+    if len(evals) == 1 and f"avg@{k}_se" in evals[0]:  # one evaluation (the warm start): SE over the panel's tasks
+        row[f"avg@{k}"] = (evals[0][f"avg@{k}"], evals[0][f"avg@{k}_se"])
     if runs:
         metrics = [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines() if x.strip()] for r in runs]
         for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
@@ -145,7 +156,7 @@ def plot(curves: dict[str, list[list[float]]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: float) -> str:
+def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: float, greedy: dict) -> str:
     """Write results.json / results.md / curves.png from what has finished so far (rewritten after every run)."""
     out = Path(args.out)
     rows = [_row("warm start (before RL)", [before], [], args.k)]
@@ -154,7 +165,8 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
     if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed, then mean ± SE over seeds
         gain = _mean_se([m[f"avg@{args.k}"] - before[f"avg@{args.k}"] for _, m in results["grpo"]])
     table = markdown(rows, args.k)
-    summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "wall_s": seconds}
+    summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "wall_s": seconds,
+               "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
@@ -165,18 +177,28 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
 
 def main(args: LearnArgs) -> None:
     t0 = time.perf_counter()
+    THREADS[0] = max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
     # seed-major: an interrupted sweep has every algorithm at the same number of seeds
     jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
     jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
              for a in args.algos if a != "grpo"]
+    greedy = _evaluate(args, args.model, "warm-start-greedy", checkpoint=False, greedy=True)
+    print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
+          f"{greedy['tasks']} held-out games)", flush=True)
     before = _evaluate(args, args.model, "warm-start", checkpoint=False)
     results: dict[str, list] = {}
-    for algo, seed, lam in tqdm(jobs, desc="learn: runs"):
-        run = _train(args, algo, seed, lam)
-        metrics = _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
-        name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
-        results.setdefault(name, []).append((run, metrics))
-        table = summarize(args, before, results, time.perf_counter() - t0)
+
+    def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
+        run = _train(args, *job)
+        return run, _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
+
+    table = ""
+    with ThreadPoolExecutor(args.workers) as ex:  # results are gathered in job order, whatever finishes first
+        for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, ex.map(train_and_evaluate, jobs)), total=len(jobs),
+                                                     desc="learn: runs"):
+            name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
+            results.setdefault(name, []).append((run, metrics))
+            table = summarize(args, before, results, time.perf_counter() - t0, greedy)
     print(table)
     print(f"[learn] wrote {args.out}/results.json, results.md, curves.png in {time.perf_counter() - t0:.0f}s")
 

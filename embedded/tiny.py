@@ -17,7 +17,15 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-TINY_VERSION = "v1"  # bump when the tiny recipe changes, so stale caches are not reused
+from environments.alfworld_games import CAN_CONTAIN
+
+TINY_VERSION = "v2"  # bump when the tiny recipe changes, so stale caches are not reused
+_RECEPTACLES = {r.lower() for r in CAN_CONTAIN}
+GOAL_TEMPLATES = ("put a {o} in {r}.", "put some {o} on {r}.", "look at {o} under the desklamp.",
+                  "examine the {o} with the desklamp.", "clean some {o} and put it in {r}.",
+                  "put a clean {o} in {r}.", "heat some {o} and put it in {r}.", "put a hot {o} in {r}.",
+                  "cool some {o} and put it in {r}.", "put a cool {o} in {r}.", "put two {o} in {r}.",
+                  "find two {o} and put them in {r}.")  # ALFWorld's goal sentences
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen-style chat template: the same shape real Qwen models use, without the system/tool branches we never send.
 CHAT_TEMPLATE = (
@@ -60,6 +68,11 @@ def _tokenizer_corpus() -> list[str]:
         "countertop 1. Nothing happens. You are carrying: a mug 2. You are not carrying anything. You pick up the "
         "You heat the You cool the You clean the using the You turn on the You move the You put the On the you see",
     ]
+    # every object and receptacle type of the generated games, so each name is one token: a model this small copies
+    # the goal's object into "take X from Y" far more easily when X is one token than when it is five
+    names = sorted({n.lower() for r, objs in CAN_CONTAIN.items() for n in (r, *objs)})
+    rooms, objects = rooms + [n for n in names if n in _RECEPTACLES], objects + [n for n in names if n not in _RECEPTACLES]
+    lines += [goal.format(o=o, r=r) for goal in GOAL_TEMPLATES for o, r in zip(objects, rooms * 3)]
     for w in rooms + objects:
         lines += [f"go to {w} {i}" for i in range(1, 6)] + [f"a {w} {i}" for i in range(1, 6)]
     lines += [f"{v} {o} {i}" for v in verbs for o in objects[:8] for i in (1, 2)]

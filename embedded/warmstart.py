@@ -39,7 +39,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v3"
+VERSION = "v4"
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format an algorithm's teacher shows
 
 
@@ -55,7 +55,7 @@ class Recipe:
     batch_tokens: int = 8192   # padded tokens per optimizer step
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.5), TINY_AGENT_QUICK: Recipe(games=48, epochs=2.0)}
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=2.5), TINY_AGENT_QUICK: Recipe(games=48, epochs=2.0)}
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 
 

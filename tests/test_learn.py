@@ -11,7 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos", "grpo", "smrc-sd",
-         "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2"]
+         "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2",
+         "--workers", "2"]
 
 
 def _learn(out: Path) -> subprocess.CompletedProcess:
@@ -31,6 +32,8 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd")
     assert 0.0 <= smrc["router/match_rate"][0] <= 1.0 and "sd/distilled_share" in smrc
     assert res["grpo_gain_avg@k"] is not None
+    assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
+    assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
     for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0"):
         rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2]
