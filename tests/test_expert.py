@@ -73,3 +73,17 @@ def test_memoised_grammar_gives_the_same_observations(games, monkeypatch):
 def _observations(env, task) -> list[str]:
     steps, res = alfworld_expert.play(env, task, random.Random(0), explore=0.5)
     return [r.observation for r, _, _ in steps] + [res.observation]
+
+
+def test_tiny_tokenizer_gives_every_object_and_receptacle_name_one_token(tiny, games):
+    """The warm start copies the goal's object into "take X from Y": each name must be one token (a name split into
+    five byte pairs made the tiny agent take whatever it saw)."""
+    from environments.alfworld_games import CAN_CONTAIN
+    _, tok = tiny
+    names = sorted({n.lower() for r, objs in CAN_CONTAIN.items() for n in (r, *objs)})
+    split = [n for n in names if len(tok(" " + n, add_special_tokens=False)["input_ids"]) != 1]
+    assert not split, f"names split into several tokens: {split}"
+    _, tasks = games
+    for task in tasks:  # the names as the games' own goals write them
+        goal = alfworld_expert.goal_of(task)
+        assert len(tok(" " + goal.obj, add_special_tokens=False)["input_ids"]) == 1, goal.obj
