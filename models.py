@@ -18,6 +18,7 @@ Deviations / simplifications:
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -78,24 +79,78 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
     return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
 
 
+LOGPROB_CHUNK_TOKENS = 1024
+"""response tokens per lm_head + log-softmax chunk: at most one chunk's float32 (tokens, V) exists at a time"""
+
+
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   allowed: list[list[list[int]] | None] | None = None):
-    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R).
-    `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a free
-    row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled."""
+                   allowed: list[list[list[int]] | None] | None = None, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R); 0 at
+    padding. `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a
+    free row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled.
+
+    Bounded memory: the model body gives the final hidden states of the response columns, then the lm_head and the
+    float32 log-softmax run on `chunk_tokens` response tokens at a time; with autograd on, each chunk is recomputed
+    in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens, V)."""
     R = batch.response_ids.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=R + 1, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature                        # (B, R, V): column P-1+t predicts y_t
-    keep = allowed_mask(allowed, R, logits.shape[-1], logits.device) if allowed is not None else None
-    if keep is not None:
-        logits = logits.masked_fill(~keep, float("-inf"))                    # (B, R, V) restricted decoding
-    logp_all = torch.log_softmax(logits, dim=-1)                             # (B, R, V)
-    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+    sel = batch.response_mask.bool()                                          # (B, R) real response tokens
+    source, head = _response_states(model, batch, R)                          # (B, R, H) or (B, R, V) logits
+    source, targets = source[sel], batch.response_ids[sel]                    # (N, ·), (N,)
+    positions = sel.nonzero().tolist()                                        # (b, t) of each of the N tokens
+    V = source.shape[-1] if head is None else head.weight.shape[0]
+    logps, entropies = [], []
+    for i in range(0, len(positions), chunk_tokens):
+        keep = _chunk_mask(allowed, positions[i:i + chunk_tokens], V, source.device) if allowed is not None else None
+        args = (head, source[i:i + chunk_tokens], targets[i:i + chunk_tokens], keep, temperature, with_entropy)
+        if torch.is_grad_enabled() and source.requires_grad:  # recompute the chunk in backward
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logps.append(lp)
+        entropies.append(ent)
+    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)   # (B, R)
+    logp = zeros.masked_scatter(sel, torch.cat(logps)) if logps else zeros
     entropy = None
-    if with_entropy:  # 0·log 0 = 0 for masked tokens
-        entropy = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # (B, R)
+    if with_entropy:
+        entropy = zeros.masked_scatter(sel, torch.cat(entropies)) if entropies else zeros
     return logp, entropy
+
+
+def _response_states(model, batch: Batch, R: int):
+    """(B, R, H) final hidden states at the columns that predict the R response tokens (column P-1+t predicts y_t)
+    and the lm_head that turns them into logits, from the model's own forward (through a DDP wrapper): a hook keeps
+    the lm_head's input and lets the head itself run on one column only. A model without a separate head (or under
+    FSDP2, whose head weight is sharded outside the forward) gives its (B, R, V) logits and head None."""
+    head = getattr(getattr(model, "module", model), "get_output_embeddings", lambda: None)()
+    if head is None or hasattr(model, "unshard"):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    logits_to_keep=R + 1, use_cache=False)
+        return out.logits[:, :-1], None
+    kept = []
+
+    def keep_input(module, args):
+        kept.append(args[0])                   # (B, R+1, H)
+        return (args[0][:, -1:],) + args[1:]  # the head runs on the last column only; the chunks do the rest
+
+    handle = head.register_forward_pre_hook(keep_input)
+    try:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+              logits_to_keep=R + 1, use_cache=False)
+    finally:
+        handle.remove()
+    return kept[0][:, :-1], head
+
+
+def _chunk_logprobs(head, source, targets, keep, temperature: float, with_entropy: bool):
+    """Log-probs (n,) of `targets` and entropies (n,) (or None) of n positions from their hidden states (or logits)."""
+    logits = (head(source) if head is not None else source).float() / temperature   # (n, V)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))                              # (n, V) restricted decoding
+    logp_all = torch.log_softmax(logits, dim=-1)                                       # (n, V)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                      # (n,)
+    if not with_entropy:
+        return logp, None
+    return logp, -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # 0·log 0 = 0
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -149,6 +204,16 @@ def allowed_mask(allowed: list[list[list[int]] | None], R: int, V: int, device) 
         for t, ids in enumerate(rows or []):
             keep[b, t] = False
             keep[b, t, ids] = True
+    return keep.to(device)
+
+
+def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int, device) -> torch.Tensor:
+    """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows: all)."""
+    keep = torch.ones(len(positions), V, dtype=torch.bool)
+    for k, (b, t) in enumerate(positions):
+        if allowed[b] is not None and t < len(allowed[b]):
+            keep[k] = False
+            keep[k, allowed[b][t]] = True
     return keep.to(device)
 
 
