@@ -7,14 +7,16 @@
   of every response token, and length-aware packing; the update (grpo.py) and the teacher (teacher.py) share them.
 - `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate` and returns,
   per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled token (the same
-  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1). A vLLM engine with the same
-  interface lives in `scale/vllm_engine.py`.
+  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on the device while
+  sampling (no (B, R, V) logits are kept). On CUDA it generates under the update's bf16 autocast. A vLLM engine with
+  the same interface lives in `scale/vllm_engine.py`.
 
 Deviations / simplifications:
 1. With top-p / top-k < 1 the reported log-probs are those of the temperature-scaled full distribution (as verl
    recomputes them), not of the truncated sampling distribution.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -197,16 +199,6 @@ def allowed_per_position(trie: dict, response_ids: list[int]) -> list[list[int]]
     return [allowed_ids(trie, response_ids[:t]) for t in range(len(response_ids))]
 
 
-def allowed_mask(allowed: list[list[list[int]] | None], R: int, V: int, device) -> torch.Tensor:
-    """(B, R, V) bool, True where a token is allowed; a row given as None (free generation) allows everything."""
-    keep = torch.ones(len(allowed), R, V, dtype=torch.bool)
-    for b, rows in enumerate(allowed):
-        for t, ids in enumerate(rows or []):
-            keep[b, t] = False
-            keep[b, t, ids] = True
-    return keep.to(device)
-
-
 def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int, device) -> torch.Tensor:
     """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows: all)."""
     keep = torch.ones(len(positions), V, dtype=torch.bool)
@@ -229,6 +221,32 @@ class TrieLogitsProcessor:
             ids = allowed_ids(trie, input_ids[b, self.start:].tolist())
             keep[b, ids if ids else slice(None)] = True  # a row that has ended is padding: left free
         return scores.masked_fill(~keep, float("-inf"))
+
+
+class LogprobRecorder:
+    """A transformers logits processor placed after every processor of ours (the trie mask): it keeps log softmax(
+    scores / T) of the current step on the device, (B, V), and at the next step gathers it at the token that was
+    sampled (the last column of `input_ids`); `logprobs` gathers the last step. Only (B,) per step is kept.
+    transformers applies its temperature / top-k / top-p warpers after our processors, so these are the log-probs
+    of the temperature-scaled (masked) distribution, what `token_logprobs` computes in training."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.step_logp, self.taken = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.step_logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.step_logp is not None:
+            self.taken.append(self.step_logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))  # (B,)
+            self.step_logp = None
+
+    def logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(B, R) log-probs of the R generated tokens, the last columns of `sequences`."""
+        self._take(sequences[:, -1])
+        return torch.stack(self.taken, dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -255,13 +273,18 @@ class SamplingConfig:
     """nucleus sampling threshold (1.0 = off)"""
     top_k: int = 0
     """top-k sampling (0 = off)"""
+    static_cache: bool = False
+    """hf engine: a static KV cache, with which transformers compiles the decode step (torch.compile) on CUDA to cut
+    launch overhead; the first call of each batch shape compiles. Opt-in: not measured on a GPU yet"""
 
 
 class HFEngine:
-    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync)."""
+    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync). On CUDA with
+    `bf16`, generation runs under the same bfloat16 autocast as the update (the float32 weights are cast once per
+    call); the sampling log-probs are computed on the device while sampling (`LogprobRecorder`)."""
 
-    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64):
-        self.model, self.tokenizer, self.cfg, self.batch_size = model, tokenizer, cfg, batch_size
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, bf16: bool = True):
+        self.model, self.tokenizer, self.cfg, self.batch_size, self.bf16 = model, tokenizer, cfg, batch_size, bf16
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM engine)."""
@@ -286,22 +309,24 @@ class HFEngine:
             attention_mask[i, width - len(p):] = 1
         greedy = cfg.temperature == 0
         sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
+        recorder = LogprobRecorder(cfg.temperature or 1.0)  # greedy: log-probs at T=1
+        processors = ([TrieLogitsProcessor(tries, width)] if tries is not None else []) + [recorder]
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 and device.type == "cuda" \
+            else nullcontext()
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
-            max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            logits_processor=[TrieLogitsProcessor(tries, width)] if tries is not None else None,
-            output_logits=True, return_dict_in_generate=True, **sampling)
+        with autocast:
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
+                max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                logits_processor=processors, cache_implementation="static" if cfg.static_cache else None,
+                return_dict_in_generate=True, **sampling)
         self.model.train(was_training)
+        token_logp = recorder.logprobs(out.sequences).cpu()                          # (B, R) on the device, then here
         seqs = out.sequences[:, width:].cpu()                                        # (B, R)
-        logits = torch.stack(out.logits, dim=1).float().cpu() / (cfg.temperature or 1.0)  # (B, R, V) raw logits / T
         ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids in seqs.tolist()]
         allowed = [allowed_per_position(tries[i], seqs[i, :ends[i]].tolist()) for i in range(len(prompts))] \
             if tries is not None else None
-        if allowed is not None:  # the log-probs of the distribution actually sampled from
-            logits = logits.masked_fill(~allowed_mask(allowed, seqs.shape[1], logits.shape[-1], "cpu"), float("-inf"))
-        token_logp = torch.log_softmax(logits, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)  # (B, R)
         return [Generation(response_ids=seqs[i, :n].tolist(), logprobs=token_logp[i, :n].tolist(),
                            text=tok.decode(seqs[i, :n], skip_special_tokens=True),
                            truncated=tok.eos_token_id not in seqs[i, :n].tolist(),

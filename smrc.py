@@ -318,7 +318,8 @@ def setup(cfg: Config, world: World) -> Setup:
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
         engine.sync_weights(model)
     else:
-        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
+        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
+                          bf16=cfg.grpo.bf16)
     return Setup(train_tasks=train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
                  bank=bank, start=start, engine=engine)
 

@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from models import collate, token_logprobs
+from models import HFEngine, LogprobRecorder, SamplingConfig, chat_ids, collate, token_logprobs
 
 
 def _batch(tok, seed=0):
@@ -81,3 +81,39 @@ def test_chunked_gradients_equal_the_full_vocabulary_gradients(tiny):
     for g in grads[1:]:
         assert g.shape == grads[0].shape
         assert torch.allclose(g, grads[0], atol=1e-6, rtol=1e-4)
+
+
+def _engine_exactness(model, tok, sampling, n=6):
+    """The engine's sampling log-probs vs the trainer's forward on the same prompts + responses (float32)."""
+    torch.manual_seed(0)
+    prompts = [chat_ids(tok, f"Your task is to: put a mug in coffeemachine. Turn {i}." + " look" * i) for i in range(n)]
+    gens = HFEngine(model, tok, sampling, batch_size=4).generate(prompts)
+    batch = collate(prompts, [g.response_ids for g in gens], tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, sampling.temperature or 1.0)
+    for i, g in enumerate(gens):
+        assert len(g.logprobs) == len(g.response_ids) > 0
+        assert torch.allclose(torch.tensor(g.logprobs), logp[i, :len(g.logprobs)], atol=1e-5, rtol=0), i
+    return gens
+
+
+def test_engine_sampling_logprobs_equal_the_trainer_forward(tiny):
+    model, tok = tiny
+    for temperature in (1.0, 0.7):
+        gens = _engine_exactness(model.eval(), tok, SamplingConfig(max_new_tokens=12, temperature=temperature))
+        assert len({tuple(g.response_ids) for g in gens}) > 1  # really sampled
+    greedy = _engine_exactness(model, tok, SamplingConfig(max_new_tokens=12, temperature=0.0))
+    static = _engine_exactness(model, tok, SamplingConfig(max_new_tokens=12, temperature=0.0, static_cache=True))
+    assert [g.response_ids for g in greedy] == [g.response_ids for g in static]
+
+
+def test_recorder_gathers_each_step_at_the_token_taken_next():
+    rec = LogprobRecorder(temperature=0.5)
+    scores = [torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 0.0]])]
+    ids = torch.tensor([[7], [7]])
+    for step, taken in zip(scores, ([2, 0], [1, 1])):
+        assert torch.equal(rec(ids, step), step)  # scores pass through unchanged
+        ids = torch.cat([ids, torch.tensor(taken)[:, None]], dim=1)
+    expected = torch.stack([torch.log_softmax(scores[0] / 0.5, -1)[[0, 1], [2, 0]],
+                            torch.log_softmax(scores[1] / 0.5, -1)[[0, 1], [1, 1]]], dim=1)
+    assert torch.allclose(rec.logprobs(ids), expected)
