@@ -256,7 +256,8 @@ def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
     temperature = cfg.rollout.sampling.temperature
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response] on the rollout engine
         return teacher.vllm_scorer(s.engine, temperature)
-    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature)
+    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature,
+                             bf16=cfg.grpo.bf16)  # the update's precision
 
 
 def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
