@@ -305,7 +305,7 @@ def setup(cfg: Config, world: World) -> Setup:
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
         ref_model.requires_grad_(False)
-    if cfg.grpo.grad_checkpointing:
+    if grpo.grad_checkpointing_on(cfg.grpo, model, world.device):
         model.gradient_checkpointing_enable()
     model = distributed.wrap(model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
