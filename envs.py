@@ -89,8 +89,9 @@ class EpisodeConfig:
     invalid_action_penalty: float = 0.1
     """subtracted by the trainer from the score of every invalid turn (verl-agent invalid_action_penalty_coef)"""
     # Infrastructure
-    num_workers: int = 2
-    """env worker processes in EnvPool (0 = step envs in-process)"""
+    num_workers: int = -1
+    """env worker processes in EnvPool (0 = step envs in-process; -1 = auto: the cores this process may use, shared
+    among the torchrun ranks of the node, less one for the trainer; at least 2, at most 32 and one per episode)"""
     step_timeout_s: float = 300.0
     """EnvPool: a reset/step batch taking longer than this is an error (never a hang)"""
     planner_timeout_s: float = 30.0

@@ -334,7 +334,8 @@ def main(cfg: Config) -> None:
         print(json.dumps(dataclasses.asdict(cfg), indent=1), flush=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     seed_step(cfg.seed, 0, world.rank)
-    pool = EnvPool(cfg.env_cfg)  # first: the workers fork before any model or engine exists
+    # first: the workers fork before any model or engine exists; the pool is sized for this rank's episodes
+    pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size)
     try:
         train(cfg, world, pool)
     finally:

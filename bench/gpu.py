@@ -240,10 +240,11 @@ def summarise(result: dict) -> dict:
             "grad_checkpointing": result["grad_checkpointing"]}
 
 
-def report(args, device: torch.device, results: dict) -> dict:
+def report(args, device: torch.device, results: dict, workers: int) -> dict:
     summary = {a: summarise(r) for a, r in results.items()}
     params = next(iter(results.values()))["params"]
     print(f"\n{args.arch} ({params / 1e6:.1f}M parameters) on {device} | {args.tasks} tasks x {args.group} rollouts, "
+          f"{workers} env workers, "
           f"<= {args.turns} turns, {args.new_tokens} new tokens | {args.steps} steps each "
           f"(means over {max(args.steps - 1, 1)})")
     print(f"{'algo':<9}" + "".join(f"{k + ' s':>12}" for k in next(iter(summary.values()))["times"])
@@ -280,7 +281,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--static-cache", action="store_true", help="static KV cache (+ compiled decode on CUDA)")
-    ap.add_argument("--workers", type=int, default=2, help="env worker processes")
+    ap.add_argument("--workers", type=int, default=-1, help="env worker processes (-1: from the cores)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="also write the summary here")
@@ -292,12 +293,13 @@ def main(argv: list[str] | None = None) -> dict:
     world = init_distributed(args.device)
     tok = AutoTokenizer.from_pretrained(tiny.model_dir())
     with tempfile.TemporaryDirectory() as tmp:
-        pool = EnvPool(run_config(args, "grpo", Path(tmp)).env_cfg)  # first: workers fork before any model exists
+        # first: the workers fork before any model exists
+        pool = EnvPool(run_config(args, "grpo", Path(tmp)).env_cfg, episodes=args.tasks * args.group)
         try:
             results = {a: run_algo(args, a, tok, world, pool, Path(tmp)) for a in args.algos}
         finally:
             pool.close()
-    summary = report(args, world.device, results)
+    summary = report(args, world.device, results, pool.num_workers)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return summary
