@@ -50,7 +50,7 @@ from grpo import GRPOConfig
 from models import HFEngine, SamplingConfig, load_model
 from router import RouterConfig
 from scale import distributed
-from scale.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
+from scale.checkpoint import fill_dataclass, load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
 from scale.distributed import DistConfig, World, init_distributed, print0
 from scale.preflight import prepare_output_dir, validate_config
 from scale.vllm_engine import VLLMEngine
@@ -182,20 +182,6 @@ def parse_config(argv: list[str]) -> Config:
     return tyro.cli(Config, default=PRESETS[name](), args=argv, description=__doc__)
 
 
-def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
-    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
-    names = {f.name for f in dataclasses.fields(obj)}
-    unknown = [f"{where}{k}" for k in values if k not in names]
-    for name in names & set(values):
-        cur, v = getattr(obj, name), values[name]
-        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
-            unknown += fill_dataclass(cur, v, f"{where}{name}.")
-        else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
-    return unknown
-
-
 def config_from_run(path: Path | None, preset: str) -> Config:
     """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
     cfg = PRESETS[preset]()
@@ -225,6 +211,13 @@ class Setup:
     engine: object                # HFEngine or VLLMEngine
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row for a non-finite loss or gradient norm
+
+
+def step_tasks(cfg: Config, s: Setup, world: World, step: int) -> list[envs.Task]:
+    """This rank's shard of the step's task groups (the same draw on every rank, known ahead of the step)."""
+    pick = np.random.default_rng([cfg.seed, step]).choice(
+        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
+    return world.shard([s.train_tasks[i] for i in sorted(pick)])
 
 
 def planner_references(cfg: Config, s: Setup, tasks: list[envs.Task]) -> list[router.Trajectory]:
@@ -361,9 +354,9 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     t_step = time.perf_counter()
     rng = seed_step(cfg.seed, step, world.rank)
     # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
-    pick = np.random.default_rng([cfg.seed, step]).choice(
-        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
-    tasks = world.shard([s.train_tasks[i] for i in sorted(pick)])
+    tasks = step_tasks(cfg, s, world, step)
+    for task in (tasks + step_tasks(cfg, s, world, step + 1)) if cfg.router.seed_with_planner else []:
+        envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background during this step (step 3 waits less)
     # 2. roll out (ordinary prompts only)
     episodes, counters = rollout.collect_rollouts(s.engine, pool, s.tokenizer, tasks, cfg, tag=f"s{step}r{world.rank}",
                                                   show_progress=world.is_main)

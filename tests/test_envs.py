@@ -394,3 +394,21 @@ def test_pool_size_follows_the_cores_ranks_and_episodes(monkeypatch):
         assert pool.num_workers == 3
     with EnvPool(cfg, num_workers=1, episodes=3) as pool:  # an explicit number wins
         assert pool.num_workers == 1
+
+
+def test_prefetched_plan_is_the_plan_and_a_later_call_does_not_replan(tasks):
+    planner = Planner(AlfworldConfig(max_steps=10**9))
+    planner.prefetch(tasks[3], [], 60)
+    planner.prefetch(tasks[4], [], 60)
+    deadline = time.time() + 90
+    while len(planner.cache) < 2 and time.time() < deadline:  # the background thread fills the cache
+        time.sleep(0.1)
+    cached = planner.cache[(tasks[4].task_id, ())]
+    assert planner.plan(tasks[4], [], 60) is cached and cached.status == "ok" and cached.actions
+    fresh = Planner(AlfworldConfig(max_steps=10**9))
+    assert fresh.plan(tasks[4], [], 60).actions == cached.actions  # the same plan as a foreground call
+    fresh.close()
+    planner.prefetch(tasks[5], [], 60)
+    planner.close()  # drops queued requests; the next plan starts a new process
+    assert planner.plan(tasks[3], [], 60) is planner.cache[(tasks[3].task_id, ())]
+    planner.close()
