@@ -7,7 +7,8 @@ planner call on official ALFWorld games can run for minutes, and one in-process 
 restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
 their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
 thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
-cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies with its parent, whatever kills it (SIGKILL included):
+cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
+with its parent, whatever kills it (SIGKILL included):
 it is spawned (it holds no copy of the parent's pipe end, so the parent's death is an EOF) and asks for the Linux
 parent-death signal (`die_with_parent`), which also ends it in the middle of a plan.
 """
