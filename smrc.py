@@ -254,10 +254,11 @@ def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
 
 
 def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
-            bank: router.ReferenceBank) -> list[dict]:
-    """Archive rows with the run's matches and both audited matchers' matches on the same turns."""
-    structured = router.route(rturns, bank, "structured", random.Random(0))
-    history_matches = router.route(rturns, bank, "history", random.Random(0))
+            bank: router.ReferenceBank, matcher: str) -> list[dict]:
+    """Archive rows with the run's matches and both audited matchers' matches on the same turns (the run's own
+    matches when its matcher is one of them: the same deterministic function on the same bank)."""
+    structured = matches if matcher == "structured" else router.route(rturns, bank, "structured", random.Random(0))
+    history_matches = matches if matcher == "history" else router.route(rturns, bank, "history", random.Random(0))
     return rollout.archive_rows(step, episodes, matches, structured, history_matches)
 
 
@@ -386,7 +387,7 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     # 8. sync the rollout engine, archive the turns, log, checkpoint
     s.engine.sync_weights(s.model)
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive(step + 1, episodes, rturns, matches, s.bank) if cfg.archive_max_turns else [],
+             "rows": archive(step + 1, episodes, rturns, matches, s.bank, cfg.matcher) if cfg.archive_max_turns else [],
              "route": router.route_metrics(rturns, matches, s.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30
