@@ -17,6 +17,7 @@ not timed); GRPO runs without references. Printed per algorithm (the first step 
 
     python bench/gpu.py                                  # Qwen3-1.7B architecture, 16 episodes x 5 turns x 192 tokens
     python bench/gpu.py --arch qwen2.5-3b --steps 3
+    python bench/gpu.py --decode-profile --steps 0       # ms per decode step only (batch 16, 1000-token prompts)
     python bench/gpu.py --arch tiny --device cpu --tasks 2 --group 2 --turns 2 --new-tokens 8 --room small  # CPU
 
 On a GPU node without internet, `../shared/tools/gpu_site.sh` packs the pure-Python packages it needs (the ALFWorld
@@ -266,6 +267,52 @@ def report(args, device: torch.device, results: dict, workers: int) -> dict:
     return summary
 
 
+def decode_profile(args, tok, device: torch.device) -> dict:
+    """ms per decode step at batch `profile_batch` with prompts of `profile_prompt` random tokens: (time of N new
+    tokens − time of 1) / (N − 1), each the least of `profile_repeats` timings after a warm-up at both lengths (a
+    static cache compiles per shape).
+    Variants: HFEngine (log-probs on the device) in float32 and under bf16 autocast (CUDA only: on CPU both are
+    float32), HFEngine with the static cache, and a plain `model.generate` that keeps no logits."""
+    model = build_model(args.arch, tok, device, args.seed).eval()
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = [torch.randint(3, len(tok), (args.profile_prompt,), generator=g).tolist()
+               for _ in range(args.profile_batch)]
+    cuda = device.type == "cuda"
+
+    def engine(bf16: bool, static: bool):
+        def run(n):
+            sampling = SamplingConfig(max_new_tokens=n, static_cache=static)
+            HFEngine(model, tok, sampling, batch_size=len(prompts), bf16=bf16).generate(prompts)
+        return run
+
+    def plain(n):
+        ids = torch.tensor(prompts, device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext(), torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=n,
+                           min_new_tokens=n, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+    def seconds(run, n):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        run(n)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t
+    variants = {"engine float32": engine(False, False), "engine bf16": engine(True, False),
+                "engine bf16 static cache": engine(True, True), "plain generate (bf16 on CUDA)": plain}
+    out, n = {}, args.profile_new
+    for name, run in variants.items():
+        run(n), run(1)  # warm-up at both shapes
+        best = [min(seconds(run, k) for _ in range(args.profile_repeats)) for k in (n, 1)]  # least disturbed
+        out[name] = 1000 * (best[0] - best[1]) / (n - 1)
+    print(f"\ndecode profile: batch {len(prompts)}, {args.profile_prompt}-token prompts, {n} new tokens, {device}")
+    for name, ms in out.items():
+        print(f"  {name:<32} {ms:8.1f} ms per decode step")
+    del model
+    return out
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-1.7b")
@@ -284,6 +331,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=-1, help="env worker processes (-1: from the cores)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode-profile", action="store_true", help="also time decode steps (the issue's setting)")
+    ap.add_argument("--profile-batch", type=int, default=16)
+    ap.add_argument("--profile-prompt", type=int, default=1000)
+    ap.add_argument("--profile-new", type=int, default=64)
+    ap.add_argument("--profile-repeats", type=int, default=3, help="timings per variant and length (the least kept)")
     ap.add_argument("--json", default="", help="also write the summary here")
     return ap.parse_args(argv)
 
@@ -296,10 +348,13 @@ def main(argv: list[str] | None = None) -> dict:
         # first: the workers fork before any model exists
         pool = EnvPool(run_config(args, "grpo", Path(tmp)).env_cfg, episodes=args.tasks * args.group)
         try:
-            results = {a: run_algo(args, a, tok, world, pool, Path(tmp)) for a in args.algos}
+            profile = decode_profile(args, tok, world.device) if args.decode_profile else None
+            results = {a: run_algo(args, a, tok, world, pool, Path(tmp)) for a in args.algos} if args.steps else {}
         finally:
             pool.close()
-    summary = report(args, world.device, results, pool.num_workers)
+    summary = report(args, world.device, results, pool.num_workers) if results else {}
+    if profile is not None:
+        summary["decode_ms_per_step"] = profile
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return summary

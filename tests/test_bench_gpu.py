@@ -29,3 +29,10 @@ def test_gpu_benchmark_runs_on_cpu_with_the_tiny_architecture(tmp_path, capsys):
     assert summary["grpo"]["passes"]["teacher"] == (0.0, 0.0) and summary["grpo"]["distilled_turns"] == 0
     teacher_f, teacher_b = summary["smrc-sd"]["passes"]["teacher"]
     assert summary["smrc-sd"]["distilled_turns"] > 0 and teacher_f > 0 and teacher_b == 0.0
+
+
+def test_decode_profile_runs_every_variant_on_cpu(capsys):
+    summary = gpu.main(["--arch", "tiny", "--device", "cpu", "--steps", "0", "--decode-profile", "--profile-batch", "2",
+                        "--profile-prompt", "16", "--profile-new", "4", "--profile-repeats", "1"])
+    assert set(summary) == {"decode_ms_per_step"} and len(summary["decode_ms_per_step"]) == 4
+    assert "ms per decode step" in capsys.readouterr().out
