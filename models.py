@@ -5,6 +5,7 @@
 - `chat_ids` is the token ids of one user message with the generation prompt (every turn is one user message).
 - `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the log-prob
   of every response token, and length-aware packing; the update (grpo.py) and the teacher (teacher.py) share them.
+  `token_logprobs` runs the lm_head and the float32 log-softmax over chunks of response tokens (bounded memory).
 - `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate` and returns,
   per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled token (the same
   quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on the device while
@@ -82,7 +83,8 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
 
 
 LOGPROB_CHUNK_TOKENS = 1024
-"""response tokens per lm_head + log-softmax chunk: at most one chunk's float32 (tokens, V) exists at a time"""
+"""response tokens per lm_head + log-softmax chunk: only one chunk's float32 (tokens, V) tensors exist at a time
+(at V = 151,936 a few of 0.6 GiB each, whatever the micro-batch holds)"""
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
