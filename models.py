@@ -82,9 +82,9 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
     return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
 
 
-LOGPROB_CHUNK_TOKENS = 1024
+LOGPROB_CHUNK_TOKENS = 512
 """response tokens per lm_head + log-softmax chunk: only one chunk's float32 (tokens, V) tensors exist at a time
-(at V = 151,936 a few of 0.6 GiB each, whatever the micro-batch holds)"""
+(at V = 151,936 a few of 0.3 GiB each, whatever the micro-batch holds)"""
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
@@ -147,14 +147,17 @@ def _response_states(model, batch: Batch, R: int):
 
 def _chunk_logprobs(head, source, targets, keep, temperature: float, with_entropy: bool):
     """Log-probs (n,) of `targets` and entropies (n,) (or None) of n positions from their hidden states (or logits)."""
-    logits = (head(source) if head is not None else source).float() / temperature   # (n, V)
+    logits = (head(source) if head is not None else source).float()                    # (n, V)
+    if temperature != 1.0:  # (no copy at T = 1: each (n, V) temporary counts)
+        logits = logits / temperature
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))                              # (n, V) restricted decoding
     logp_all = torch.log_softmax(logits, dim=-1)                                       # (n, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                      # (n,)
     if not with_entropy:
         return logp, None
-    return logp, -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # 0·log 0 = 0
+    finite = logp_all if keep is None else logp_all.masked_fill(~keep, 0.0)            # 0·log 0 = 0 where masked
+    return logp, -(logp_all.exp() * finite).sum(-1)
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
