@@ -90,7 +90,8 @@ class Meter:
         def hook(module, args, kwargs):
             ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
             n = ids.shape[1]
-            real = int(mask[:, -n:].sum()) if mask is not None and mask.dim() == 2 else ids.numel()
+            # a device tensor, read after the step: a .item() here would sync every decode step
+            real = mask[:, -n:].sum() if mask is not None and mask.dim() == 2 else ids.numel()
             name = phase or self.phase
             self.fwd[name] += real
             self.calls[name] += 1
@@ -202,8 +203,8 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
         for step in range(args.steps):
             before = copy.deepcopy((meter.fwd, meter.bwd, meter.calls, meter.ref_s, meter.trained_tokens))
             smrc.train_step(cfg, world, pool, s, step)
-            steps.append({"fwd": {k: v - before[0][k] for k, v in meter.fwd.items()},
-                          "bwd": {k: v - before[1][k] for k, v in meter.bwd.items()},
+            steps.append({"fwd": {k: int(v - before[0][k]) for k, v in meter.fwd.items()},
+                          "bwd": {k: int(v - before[1][k]) for k, v in meter.bwd.items()},
                           "calls": {k: v - before[2][k] for k, v in meter.calls.items()},
                           "ref_s": meter.ref_s - before[3], "trained_tokens": meter.trained_tokens - before[4]})
     for h in hooks:
