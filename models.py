@@ -5,19 +5,23 @@
 - `chat_ids` is the token ids of one user message with the generation prompt (every turn is one user message).
 - `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the log-prob
   of every response token, and length-aware packing; the update (grpo.py) and the teacher (teacher.py) share them.
+  `token_logprobs` runs the lm_head and the float32 log-softmax over chunks of response tokens (bounded memory).
 - `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate` and returns,
   per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled token (the same
-  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1). A vLLM engine with the same
-  interface lives in `scale/vllm_engine.py`.
+  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on the device while
+  sampling (no (B, R, V) logits are kept). On CUDA it generates under the update's bf16 autocast. A vLLM engine with
+  the same interface lives in `scale/vllm_engine.py`.
 
 Deviations / simplifications:
 1. With top-p / top-k < 1 the reported log-probs are those of the temperature-scaled full distribution (as verl
    recomputes them), not of the truncated sampling distribution.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -78,24 +82,82 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
     return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
 
 
+LOGPROB_CHUNK_TOKENS = 512
+"""response tokens per lm_head + log-softmax chunk: only one chunk's float32 (tokens, V) tensors exist at a time
+(at V = 151,936 a few of 0.3 GiB each, whatever the micro-batch holds)"""
+
+
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   allowed: list[list[list[int]] | None] | None = None):
-    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R).
-    `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a free
-    row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled."""
+                   allowed: list[list[list[int]] | None] | None = None, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R); 0 at
+    padding. `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a
+    free row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled.
+
+    Bounded memory: the model body gives the final hidden states of the response columns, then the lm_head and the
+    float32 log-softmax run on `chunk_tokens` response tokens at a time; with autograd on, each chunk is recomputed
+    in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens, V)."""
     R = batch.response_ids.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=R + 1, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature                        # (B, R, V): column P-1+t predicts y_t
-    keep = allowed_mask(allowed, R, logits.shape[-1], logits.device) if allowed is not None else None
-    if keep is not None:
-        logits = logits.masked_fill(~keep, float("-inf"))                    # (B, R, V) restricted decoding
-    logp_all = torch.log_softmax(logits, dim=-1)                             # (B, R, V)
-    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+    sel = batch.response_mask.bool()                                          # (B, R) real response tokens
+    source, head = _response_states(model, batch, R)                          # (B, R, H) or (B, R, V) logits
+    source, targets = source[sel], batch.response_ids[sel]                    # (N, ·), (N,)
+    positions = sel.nonzero().tolist()                                        # (b, t) of each of the N tokens
+    V = source.shape[-1] if head is None else head.weight.shape[0]
+    logps, entropies = [], []
+    for i in range(0, len(positions), chunk_tokens):
+        keep = _chunk_mask(allowed, positions[i:i + chunk_tokens], V, source.device) if allowed is not None else None
+        args = (head, source[i:i + chunk_tokens], targets[i:i + chunk_tokens], keep, temperature, with_entropy)
+        if torch.is_grad_enabled() and source.requires_grad:  # recompute the chunk in backward
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logps.append(lp)
+        entropies.append(ent)
+    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)   # (B, R)
+    logp = zeros.masked_scatter(sel, torch.cat(logps)) if logps else zeros
     entropy = None
-    if with_entropy:  # 0·log 0 = 0 for masked tokens
-        entropy = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # (B, R)
+    if with_entropy:
+        entropy = zeros.masked_scatter(sel, torch.cat(entropies)) if entropies else zeros
     return logp, entropy
+
+
+def _response_states(model, batch: Batch, R: int):
+    """(B, R, H) final hidden states at the columns that predict the R response tokens (column P-1+t predicts y_t)
+    and the lm_head that turns them into logits, from the model's own forward (through a DDP wrapper): a hook keeps
+    the lm_head's input and lets the head itself run on one column only. A model without a separate head (or under
+    FSDP2, whose head weight is sharded outside the forward) gives its (B, R, V) logits and head None."""
+    head = getattr(getattr(model, "module", model), "get_output_embeddings", lambda: None)()
+    if head is None or hasattr(model, "unshard"):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    logits_to_keep=R + 1, use_cache=False)
+        return out.logits[:, :-1], None
+    kept = []
+
+    def keep_input(module, args):
+        kept.append(args[0])                   # (B, R+1, H)
+        return (args[0][:, -1:],) + args[1:]  # the head runs on the last column only; the chunks do the rest
+
+    handle = head.register_forward_pre_hook(keep_input)
+    try:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+              logits_to_keep=R + 1, use_cache=False)
+    finally:
+        handle.remove()
+    return kept[0][:, :-1], head
+
+
+def _chunk_logprobs(head, source, targets, keep, temperature: float, with_entropy: bool):
+    """Log-probs (n,) of `targets` and entropies (n,) (or None) of n positions from their hidden states (or logits)."""
+    logits = (head(source) if head is not None else source).float()                    # (n, V)
+    if temperature != 1.0:  # (no copy at T = 1: each (n, V) temporary counts)
+        logits = logits / temperature
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))                              # (n, V) restricted decoding
+    logp_all = torch.log_softmax(logits, dim=-1)                                       # (n, V)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                      # (n,)
+    if not with_entropy:
+        return logp, None
+    finite = logp_all if keep is None else logp_all.masked_fill(~keep, 0.0)            # 0·log 0 = 0 where masked
+    return logp, -(logp_all.exp() * finite).sum(-1)
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -142,13 +204,13 @@ def allowed_per_position(trie: dict, response_ids: list[int]) -> list[list[int]]
     return [allowed_ids(trie, response_ids[:t]) for t in range(len(response_ids))]
 
 
-def allowed_mask(allowed: list[list[list[int]] | None], R: int, V: int, device) -> torch.Tensor:
-    """(B, R, V) bool, True where a token is allowed; a row given as None (free generation) allows everything."""
-    keep = torch.ones(len(allowed), R, V, dtype=torch.bool)
-    for b, rows in enumerate(allowed):
-        for t, ids in enumerate(rows or []):
-            keep[b, t] = False
-            keep[b, t, ids] = True
+def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int, device) -> torch.Tensor:
+    """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows: all)."""
+    keep = torch.ones(len(positions), V, dtype=torch.bool)
+    for k, (b, t) in enumerate(positions):
+        if allowed[b] is not None and t < len(allowed[b]):
+            keep[k] = False
+            keep[k, allowed[b][t]] = True
     return keep.to(device)
 
 
@@ -164,6 +226,32 @@ class TrieLogitsProcessor:
             ids = allowed_ids(trie, input_ids[b, self.start:].tolist())
             keep[b, ids if ids else slice(None)] = True  # a row that has ended is padding: left free
         return scores.masked_fill(~keep, float("-inf"))
+
+
+class LogprobRecorder:
+    """A transformers logits processor placed after every processor of ours (the trie mask): it keeps log softmax(
+    scores / T) of the current step on the device, (B, V), and at the next step gathers it at the token that was
+    sampled (the last column of `input_ids`); `logprobs` gathers the last step. Only (B,) per step is kept.
+    transformers applies its temperature / top-k / top-p warpers after our processors, so these are the log-probs
+    of the temperature-scaled (masked) distribution, what `token_logprobs` computes in training."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.step_logp, self.taken = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.step_logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.step_logp is not None:
+            self.taken.append(self.step_logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))  # (B,)
+            self.step_logp = None
+
+    def logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(B, R) log-probs of the R generated tokens, the last columns of `sequences`."""
+        self._take(sequences[:, -1])
+        return torch.stack(self.taken, dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,13 +278,18 @@ class SamplingConfig:
     """nucleus sampling threshold (1.0 = off)"""
     top_k: int = 0
     """top-k sampling (0 = off)"""
+    static_cache: bool = False
+    """hf engine: a static KV cache, with which transformers compiles the decode step (torch.compile) on CUDA to cut
+    launch overhead; the first call of each batch shape compiles. Opt-in: not measured on a GPU yet"""
 
 
 class HFEngine:
-    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync)."""
+    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync). On CUDA with
+    `bf16`, generation runs under the same bfloat16 autocast as the update (the float32 weights are cast once per
+    call); the sampling log-probs are computed on the device while sampling (`LogprobRecorder`)."""
 
-    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64):
-        self.model, self.tokenizer, self.cfg, self.batch_size = model, tokenizer, cfg, batch_size
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, bf16: bool = True):
+        self.model, self.tokenizer, self.cfg, self.batch_size, self.bf16 = model, tokenizer, cfg, batch_size, bf16
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM engine)."""
@@ -221,22 +314,24 @@ class HFEngine:
             attention_mask[i, width - len(p):] = 1
         greedy = cfg.temperature == 0
         sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
+        recorder = LogprobRecorder(cfg.temperature or 1.0)  # greedy: log-probs at T=1
+        processors = ([TrieLogitsProcessor(tries, width)] if tries is not None else []) + [recorder]
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 and device.type == "cuda" \
+            else nullcontext()
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
-            max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            logits_processor=[TrieLogitsProcessor(tries, width)] if tries is not None else None,
-            output_logits=True, return_dict_in_generate=True, **sampling)
+        with autocast:
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
+                max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                logits_processor=processors, cache_implementation="static" if cfg.static_cache else None,
+                return_dict_in_generate=True, **sampling)
         self.model.train(was_training)
+        token_logp = recorder.logprobs(out.sequences).cpu()                          # (B, R) on the device, then here
         seqs = out.sequences[:, width:].cpu()                                        # (B, R)
-        logits = torch.stack(out.logits, dim=1).float().cpu() / (cfg.temperature or 1.0)  # (B, R, V) raw logits / T
         ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids in seqs.tolist()]
         allowed = [allowed_per_position(tries[i], seqs[i, :ends[i]].tolist()) for i in range(len(prompts))] \
             if tries is not None else None
-        if allowed is not None:  # the log-probs of the distribution actually sampled from
-            logits = logits.masked_fill(~allowed_mask(allowed, seqs.shape[1], logits.shape[-1], "cpu"), float("-inf"))
-        token_logp = torch.log_softmax(logits, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)  # (B, R)
         return [Generation(response_ids=seqs[i, :n].tolist(), logprobs=token_logp[i, :n].tolist(),
                            text=tok.decode(seqs[i, :n], skip_special_tokens=True),
                            truncated=tok.eos_token_id not in seqs[i, :n].tolist(),

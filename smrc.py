@@ -50,7 +50,7 @@ from grpo import GRPOConfig
 from models import HFEngine, SamplingConfig, load_model
 from router import RouterConfig
 from scale import distributed
-from scale.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
+from scale.checkpoint import fill_dataclass, load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
 from scale.distributed import DistConfig, World, init_distributed, print0
 from scale.preflight import prepare_output_dir, validate_config
 from scale.vllm_engine import VLLMEngine
@@ -182,20 +182,6 @@ def parse_config(argv: list[str]) -> Config:
     return tyro.cli(Config, default=PRESETS[name](), args=argv, description=__doc__)
 
 
-def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
-    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
-    names = {f.name for f in dataclasses.fields(obj)}
-    unknown = [f"{where}{k}" for k in values if k not in names]
-    for name in names & set(values):
-        cur, v = getattr(obj, name), values[name]
-        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
-            unknown += fill_dataclass(cur, v, f"{where}{name}.")
-        else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
-    return unknown
-
-
 def config_from_run(path: Path | None, preset: str) -> Config:
     """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
     cfg = PRESETS[preset]()
@@ -227,6 +213,13 @@ class Setup:
     nonfinite: int = 0            # optimizer steps skipped in a row for a non-finite loss or gradient norm
 
 
+def step_tasks(cfg: Config, s: Setup, world: World, step: int) -> list[envs.Task]:
+    """This rank's shard of the step's task groups (the same draw on every rank, known ahead of the step)."""
+    pick = np.random.default_rng([cfg.seed, step]).choice(
+        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
+    return world.shard([s.train_tasks[i] for i in sorted(pick)])
+
+
 def planner_references(cfg: Config, s: Setup, tasks: list[envs.Task]) -> list[router.Trajectory]:
     """Router deviation 4: the planner's solution of every task not yet in the bank, replayed through an env without
     a step limit (a plan may be longer than the student's max_steps). The plan is built with the run's env config."""
@@ -256,14 +249,16 @@ def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
     temperature = cfg.rollout.sampling.temperature
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response] on the rollout engine
         return teacher.vllm_scorer(s.engine, temperature)
-    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature)
+    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature,
+                             bf16=cfg.grpo.bf16)  # the update's precision
 
 
 def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
-            bank: router.ReferenceBank) -> list[dict]:
-    """Archive rows with the run's matches and both audited matchers' matches on the same turns."""
-    structured = router.route(rturns, bank, "structured", random.Random(0))
-    history_matches = router.route(rturns, bank, "history", random.Random(0))
+            bank: router.ReferenceBank, matcher: str) -> list[dict]:
+    """Archive rows with the run's matches and both audited matchers' matches on the same turns (the run's own
+    matches when its matcher is one of them: the same deterministic function on the same bank)."""
+    structured = matches if matcher == "structured" else router.route(rturns, bank, "structured", random.Random(0))
+    history_matches = matches if matcher == "history" else router.route(rturns, bank, "history", random.Random(0))
     return rollout.archive_rows(step, episodes, matches, structured, history_matches)
 
 
@@ -304,7 +299,7 @@ def setup(cfg: Config, world: World) -> Setup:
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
         ref_model.requires_grad_(False)
-    if cfg.grpo.grad_checkpointing:
+    if grpo.grad_checkpointing_on(cfg.grpo, model, world.device):
         model.gradient_checkpointing_enable()
     model = distributed.wrap(model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
@@ -318,7 +313,8 @@ def setup(cfg: Config, world: World) -> Setup:
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
         engine.sync_weights(model)
     else:
-        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
+        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
+                          bf16=cfg.grpo.bf16)
     return Setup(train_tasks=train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
                  bank=bank, start=start, engine=engine)
 
@@ -332,7 +328,8 @@ def main(cfg: Config) -> None:
         print(json.dumps(dataclasses.asdict(cfg), indent=1), flush=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     seed_step(cfg.seed, 0, world.rank)
-    pool = EnvPool(cfg.env_cfg)  # first: the workers fork before any model or engine exists
+    # first: the workers fork before any model or engine exists; the pool is sized for this rank's episodes
+    pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size)
     try:
         train(cfg, world, pool)
     finally:
@@ -358,9 +355,9 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     t_step = time.perf_counter()
     rng = seed_step(cfg.seed, step, world.rank)
     # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
-    pick = np.random.default_rng([cfg.seed, step]).choice(
-        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
-    tasks = world.shard([s.train_tasks[i] for i in sorted(pick)])
+    tasks = step_tasks(cfg, s, world, step)
+    for task in (tasks + step_tasks(cfg, s, world, step + 1)) if cfg.router.seed_with_planner else []:
+        envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background during this step (step 3 waits less)
     # 2. roll out (ordinary prompts only)
     episodes, counters = rollout.collect_rollouts(s.engine, pool, s.tokenizer, tasks, cfg, tag=f"s{step}r{world.rank}",
                                                   show_progress=world.is_main)
@@ -390,7 +387,7 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     # 8. sync the rollout engine, archive the turns, log, checkpoint
     s.engine.sync_weights(s.model)
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive(step + 1, episodes, rturns, matches, s.bank) if cfg.archive_max_turns else [],
+             "rows": archive(step + 1, episodes, rturns, matches, s.bank, cfg.matcher) if cfg.archive_max_turns else [],
              "route": router.route_metrics(rturns, matches, s.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30

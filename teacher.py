@@ -21,6 +21,7 @@ That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
 """
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -60,18 +61,22 @@ def teacher_prompt_ids(tokenizer, req: TeacherRequest) -> list[int]:
     return chat_ids(tokenizer, teacher_user_text(req.context, req.user_text))
 
 
-def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0) -> Scorer:
-    """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode)."""
+def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0, bf16: bool = True) -> Scorer:
+    """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode), in the
+    update's precision: bf16 autocast on CUDA when `bf16` (GRPOConfig.bf16), so the teacher−student gap carries no
+    precision difference; float32 on CPU."""
     @torch.no_grad()
     def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in prompts]
         device = next(model.parameters()).device
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
         was_training = model.training
         model.eval()
         for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
             batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
             rows = [allowed[i] for i in idx] if allowed is not None else None
-            logp, _ = token_logprobs(model, batch, temperature, allowed=rows)  # (B, R)
+            with autocast:
+                logp, _ = token_logprobs(model, batch, temperature, allowed=rows)  # (B, R)
             for row, i in enumerate(idx):
                 out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
         model.train(was_training)

@@ -93,6 +93,9 @@ class AlfworldConfig(EpisodeConfig):
         addressed by path, so one planner process serves every config."""
         return _PLANNER.plan(task, actions, timeout_s)
 
+    def prefetch_plan(self, task: Task, actions: list[str]) -> None:
+        _PLANNER.prefetch(task, actions, self.planner_timeout_s)
+
 
 # ---------------------------------------------------------------------------------------------- tasks
 

@@ -5,12 +5,17 @@ built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env
 engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit passes (a
 planner call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
 restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
-their limit, so only a longer limit retries. The process dies with its parent, whatever kills it (SIGKILL included):
+their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
+thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
+cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
+with its parent, whatever kills it (SIGKILL included):
 it is spawned (it holds no copy of the parent's pipe end, so the parent's death is an EOF) and asks for the Linux
 parent-death signal (`die_with_parent`), which also ends it in the middle of a plan.
 """
 import multiprocessing as mp
 import os
+import queue
+import threading
 import time
 import traceback
 
@@ -49,6 +54,9 @@ class Planner:
         self._proc, self._conn = None, None
         self.cache: dict[tuple, PlanResult] = {}   # (task_id, actions) -> ok / unsolvable / timeout result
         self._limit: dict[tuple, float] = {}       # (task_id, actions) -> the limit a cached timeout ran under
+        self._lock = threading.Lock()              # one request at a time on the planner process
+        self._queue: queue.Queue = queue.Queue()   # prefetched requests for the background thread
+        self._thread: threading.Thread | None = None
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -57,10 +65,29 @@ class Planner:
         self._proc.start()
         child.close()
         if not self._conn.poll(120) or self._conn.recv() != "ready":
-            self.close()
+            self._kill()
             raise EnvError("the planner process did not start within 120 s")
 
+    def prefetch(self, task: Task, actions: list[str], timeout_s: float) -> None:
+        """Plan in the background; `plan` of the same request later returns the result (or waits for it)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._background, daemon=True)
+            self._thread.start()
+        self._queue.put((task, list(actions), timeout_s))
+
+    def _background(self) -> None:
+        while True:
+            task, actions, timeout_s = self._queue.get()
+            try:
+                self.plan(task, actions, timeout_s)
+            except Exception:  # noqa: BLE001 (the caller's own `plan` of this request reports it)
+                pass
+
     def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
+        with self._lock:
+            return self._plan(task, actions, timeout_s)
+
+    def _plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
         key = (task.task_id, tuple(actions))
         hit = self.cache.get(key)
         if hit and (hit.status != "timeout" or self._limit[key] >= timeout_s):
@@ -75,13 +102,19 @@ class Planner:
         except (EOFError, OSError) as e:
             status, plan, message = "error", None, f"planner process died ({e!r}, exit code {self._proc.exitcode})"
         if status in ("timeout", "error"):
-            self.close()  # a stuck planner cannot be interrupted in-process; the next call starts a fresh one
+            self._kill()  # a stuck planner cannot be interrupted in-process; the next call starts a fresh one
         result = PlanResult(plan, status, time.perf_counter() - t0, message)
         if status != "error":
             self.cache[key], self._limit[key] = result, timeout_s
         return result
 
     def close(self) -> None:
+        """Drop the prefetched requests not started yet and end the process (the next `plan` starts a new one)."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._kill()
+
+    def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
             self._proc.join(timeout=5)

@@ -1,6 +1,6 @@
 """Env worker processes (EnvPool), so env time overlaps generation and never hangs.
 
-- `EnvPool(cfg, num_workers)`: envs built from the environment config `cfg` (`envs.make_env(cfg)`, so the pool
+- `EnvPool(cfg, num_workers, episodes)`: envs built from the environment config `cfg` (`envs.make_env(cfg)`, so the pool
   knows no implementation), in worker processes ('fork' where the OS has it, else 'spawn'; the trainer
   creates the pool before it loads a model or starts an engine, so no CUDA context or compute threads exist yet to be
   copied, as with PyTorch's forked DataLoader workers; 'spawn' would re-import the training script, torch included,
@@ -9,7 +9,8 @@
   `step_async(slots, actions)` sends and returns at once, `step_wait()` collects, so the trainer can generate for
   other rows meanwhile. An env exception is re-raised as `envs.EnvError` naming the task and the action (the
   worker survives); a dead or silent worker (past cfg.step_timeout_s) is an `EnvError` too, and the pool is then
-  closed. num_workers=0 runs the envs in-process (same results, no overlap).
+  closed. num_workers=0 runs the envs in-process (same results, no overlap); -1 (the default) sizes the pool from the
+  cores and the episodes stepped at a time (`auto_workers`).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
   workers spent computing (`worker_s`), so the trainer can report the env share of step time.
 - Workers never outlive the trainer, whatever kills it (SIGKILL included): a forked worker closes its copies of the
@@ -66,10 +67,21 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
         env.close()
 
 
+def auto_workers(episodes: int | None = None) -> int:
+    """Env workers for `num_workers = -1`: the cores this process may use (divided among the torchrun ranks of the
+    node) less one for the trainer, at least 2, at most 32 (so 16 cores and 128 episodes give 15 workers, not 2), and
+    no more than the episodes stepped at a time."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    n = min(max(2, cores - 1), 32)
+    return max(1, min(n, episodes)) if episodes else n
+
+
 class EnvPool:
-    def __init__(self, cfg, num_workers: int | None = None):
+    def __init__(self, cfg, num_workers: int | None = None, episodes: int | None = None):
         self.cfg = cfg
-        self.num_workers = cfg.num_workers if num_workers is None else num_workers
+        n = cfg.num_workers if num_workers is None else num_workers
+        self.num_workers = auto_workers(episodes) if n < 0 else n
         self.timeout_s = cfg.step_timeout_s
         self.stats = {"resets": 0, "steps": 0, "reset_s": 0.0, "step_wait_s": 0.0, "worker_s": 0.0}
         self._tasks: dict[int, Task] = {}

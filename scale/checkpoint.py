@@ -17,6 +17,7 @@ What a run can rely on:
    step_XXXXXX.after_step_S, never deleted.
 5. --resume verifies the checksums; a missing, unreadable or corrupt file is one `error:` line naming it and the
    newest intact older checkpoint, with the --resume-from flag that continues from it.
+`fill_dataclass` puts a saved smrc_config.json / config.json back into a Config (unknown keys are returned).
 """
 
 import dataclasses
@@ -248,3 +249,17 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
     bank.load_state_dict(state["bank"])
     set_rng_state(state["rng"])
     return state["step"]
+
+
+def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
+    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
+    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = [f"{where}{k}" for k in values if k not in names]
+    for name in names & set(values):
+        cur, v = getattr(obj, name), values[name]
+        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
+            unknown += fill_dataclass(cur, v, f"{where}{name}.")
+        else:
+            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
+    return unknown

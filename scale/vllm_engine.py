@@ -9,7 +9,11 @@
   (`scale.distributed.full_state_dict`), which is a collective, so every rank calls it.
 - `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe does it:
   one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the response positions
-  (`teacher.vllm_scorer` wraps it for `teacher.score`).
+  (`teacher.vllm_scorer` wraps it for `teacher.score`). Prefix caching: vLLM V1 turns it on by default for generative
+  models (`enable_prefix_caching` None -> True), so rollouts reuse shared prompt prefixes; but a request that asks
+  for `prompt_logprobs` never reads the cache (V1's KV cache manager returns no cached blocks for it, since the
+  log-probs of cached positions would not be computed), so several turns of one episode scored against the same
+  reference re-prefill the shared reference context. Passing the flag explicitly would change nothing there.
 - `sleep()` frees vLLM's GPU memory before the update (level-1 sleep: weights offloaded to host memory, KV cache
   dropped); `sync_weights` wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
 - `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the trainer's

@@ -375,3 +375,40 @@ def test_workers_and_planner_exit_when_the_trainer_is_sigkilled(cfg, tasks):
     for pid in left:  # do not leak them into the rest of the test session
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} of 2 env workers + planner outlived the SIGKILLed trainer by 5 s"
+
+
+def test_pool_size_follows_the_cores_ranks_and_episodes(monkeypatch):
+    from environments.pool import auto_workers
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert auto_workers(128) == 15          # a 16-core GPU node: not 2 workers for 128 episodes
+    assert auto_workers(4) == 4             # no idle workers beyond the episodes
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert auto_workers(16) == 2            # 8 ranks share the node's 16 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(256)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert auto_workers(1000) == 32
+    cfg = AlfworldConfig(source="generated", room_size="small", num_train_games=2, num_eval_games=1)
+    assert cfg.num_workers == -1
+    with EnvPool(cfg, episodes=3) as pool:  # the default config sizes the pool itself
+        assert pool.num_workers == 3
+    with EnvPool(cfg, num_workers=1, episodes=3) as pool:  # an explicit number wins
+        assert pool.num_workers == 1
+
+
+def test_prefetched_plan_is_the_plan_and_a_later_call_does_not_replan(tasks):
+    planner = Planner(AlfworldConfig(max_steps=10**9))
+    planner.prefetch(tasks[3], [], 60)
+    planner.prefetch(tasks[4], [], 60)
+    deadline = time.time() + 90
+    while len(planner.cache) < 2 and time.time() < deadline:  # the background thread fills the cache
+        time.sleep(0.1)
+    cached = planner.cache[(tasks[4].task_id, ())]
+    assert planner.plan(tasks[4], [], 60) is cached and cached.status == "ok" and cached.actions
+    fresh = Planner(AlfworldConfig(max_steps=10**9))
+    assert fresh.plan(tasks[4], [], 60).actions == cached.actions  # the same plan as a foreground call
+    fresh.close()
+    planner.prefetch(tasks[5], [], 60)
+    planner.close()  # drops queued requests; the next plan starts a new process
+    assert planner.plan(tasks[3], [], 60) is planner.cache[(tasks[3].task_id, ())]
+    planner.close()

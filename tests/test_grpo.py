@@ -168,3 +168,15 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tiny):
     with pytest.raises(SystemExit, match=r"^error: 3 optimizer steps in a row .*--grpo.max-nonfinite-steps 3"):
         grpo.update(m, opt, _nan_batch(2), cfg, pad_id=tok.pad_token_id, nonfinite_streak=1)  # carried over
     assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_grad_checkpointing_auto_is_on_for_large_models_on_cuda_only():
+    small, large = ToyLM(), torch.nn.Linear(1, 1)
+    large.weight = torch.nn.Parameter(torch.empty(100_000_000, 1, device="meta"))  # 100M parameters, no memory
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert grpo.grad_checkpointing_on(GRPOConfig(), large, cuda)
+    assert not grpo.grad_checkpointing_on(GRPOConfig(), small, cuda)
+    assert not grpo.grad_checkpointing_on(GRPOConfig(), large, cpu)
+    assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="on"), small, cpu)
+    assert not grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="off"), large, cuda)
+    assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing=True), small, cpu)  # an older config.json

@@ -268,3 +268,40 @@ def test_teacher_context_needs_the_match_for_the_candidate():
     with pytest.raises(AssertionError):
         teacher_context("full", REF, None, S2)
 
+
+
+def _random_batch(seed: int):
+    """Random walks over a few states per task, so references revisit states (last occurrence), students match at
+    varied positions, some tasks have no reference, and the students' own successes are in the bank (self-match)."""
+    rng = random.Random(seed)
+    sigs = [alf(MIDDLE), alf(CAB), alf(DRAWER), alf(CAB, holding=("mug 1",)), alf(COFFEE, holding=("mug 1",))]
+
+    def walk(task, traj_id, n, success):
+        return trajectory(traj_id, [(rng.choice(sigs), f"o{rng.randrange(3)}", f"a{rng.randrange(4)}")
+                                    for _ in range(n)], task=task, success=success)
+    bank = ReferenceBank(archive_size=2)
+    bank.add_group([walk(f"t{k}", f"old{k}-{i}", rng.randint(1, 8), True) for k in range(3) for i in range(3)])
+    students = [walk(f"t{k}", f"s{k}-{i}", rng.randint(1, 10), rng.random() < 0.4) for k in range(5) for i in range(4)]
+    bank.add_group(students)
+    planned = walk("t1", "planner-t1", 6, True)
+    bank.add_planner(planned)
+    return [t for s in students for t in turns_of(s)], bank
+
+
+def test_route_equals_the_matchers_applied_turn_by_turn():
+    """`route` indexes every reference once and sorts the references once per task: the same matches as each
+    matcher applied to each turn with bank.references (the definition), on random batches."""
+    naive = {"structured": match_structured, "history": match_history, "all": match_all}
+    for seed in range(20):
+        turns, bank = _random_batch(seed)
+        refs = [bank.references(t.task_id, exclude_traj_id=t.traj_id) for t in turns]
+        for name, matcher in naive.items():
+            expected = [matcher(t, r) for t, r in zip(turns, refs)]
+            got = route(turns, bank, name, random.Random(0))
+            assert positions(got) == positions(expected), (seed, name)
+            assert all(a is None or a.ref is b.ref for a, b in zip(got, expected))
+        n_structured = sum(match_structured(t, r) is not None for t, r in zip(turns, refs))
+        assert sum(m is not None for m in route(turns, bank, "random", random.Random(seed))) == n_structured
+        with_ref = sum(any(r.traj_id != t.traj_id and r.steps for r in rs) for t, rs in zip(turns, refs))
+        assert route_metrics(turns, [None] * len(turns), bank)["router/turns_with_reference"] == with_ref
+    assert any(m is not None for m in route(turns, bank, "structured", random.Random(0)))
