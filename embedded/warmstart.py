@@ -20,6 +20,7 @@ Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-qui
 `from_pretrained` like any model.
 """
 
+import hashlib
 import math
 import multiprocessing as mp
 import random
@@ -39,7 +40,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v4"
+VERSION = "v4"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format an algorithm's teacher shows
 
 
@@ -55,7 +56,7 @@ class Recipe:
     batch_tokens: int = 8192   # padded tokens per optimizer step
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=2.5), TINY_AGENT_QUICK: Recipe(games=48, epochs=2.0)}
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=2.5), TINY_AGENT_QUICK: Recipe(games=128, epochs=2.0)}
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 
 
@@ -162,7 +163,8 @@ def resolve(name: str) -> str:
         return tiny.model_dir()
     if name not in RECIPES:
         return name
-    path = tiny.cache_dir() / f"{name}-{VERSION}"
+    recipe = RECIPES[name]
+    path = tiny.cache_dir() / f"{name}-{VERSION}-{hashlib.sha256(repr(recipe).encode()).hexdigest()[:8]}"
     if not (path / "config.json").exists():
-        build_tiny_agent(path, RECIPES[name])
+        build_tiny_agent(path, recipe)
     return str(path)
