@@ -147,7 +147,7 @@ def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.
 def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig,
                sd_scale: float = 1.0):
     """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides by
-    N_tokens; with sd_norm = distilled, `sd_scale` = N_tokens / N_distilled turns L_SD's share of that sum into
+    N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of that
     Σ ℓ_t / N_distilled."""
     A = advantages.unsqueeze(-1)                                                  # (B, 1)
     ratio = torch.exp(logp - old_logp)                                            # (B, R)
@@ -180,8 +180,8 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
     on_policy = n_mini == 1 and cfg.ppo_epochs == 1
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
-    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate",
-                          "rollout_logprob_gap", "tokens", "sd_tokens"], 0.0)  # the same keys on every rank, for the reduction below
+    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate",  # the same keys
+                          "rollout_logprob_gap", "tokens", "sd_tokens"], 0.0)  # on every rank, for the reduction below
     grad_norms, skips = [], 0
     model.train()
     for _ in range(cfg.ppo_epochs):

@@ -14,8 +14,8 @@ What it does (paper "State-matched routing" and "State-contextualized teacher co
   variant is in the module-level templates below (fullpath, summary, candidate, full = SMRC-SD, skill = the
   Skill-SD / SDAR skill text, read from the plain-text files under skills/ by `skill_text`).
 
-Pure data: no torch, no transformers, no environment import (the skill files are text). Signatures are the envs.py contract type,
-re-declared here as a type alias. Evaluation prompts never go through this module.
+Pure data: no torch, no transformers, no environment import (the skill files are text). Signatures are the
+envs.py contract type, re-declared here as a type alias. Evaluation prompts never go through this module.
 
 Deviations and choices the paper leaves open (numbered, referenced in the code):
 1. Several references for a task: they are tried in a fixed preference order, current group first (same
@@ -222,7 +222,8 @@ def match_structured(turn: Turn, refs: list[Trajectory]) -> Match | None:
 
 
 def match_history(turn: Turn, refs: list[Trajectory], earlier: list[Step], h: int) -> Match | None:
-    """The prompt's view (`window_key`) of the student's turn, given its `earlier` steps, equals the reference's at j."""
+    """The prompt's view (`window_key`) of the student's turn, given its `earlier` steps, equals the reference's
+    at position j."""
     mine = window_key([*earlier, turn.step], len(earlier), h)
     return _match_on(turn, refs, mine, lambda steps, j: window_key(steps, j, h))
 

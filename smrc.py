@@ -315,7 +315,8 @@ def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
 
 
 def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Task]]) -> Setup:
-    """(train tasks, validation panel) from check_inputs; model (from the latest checkpoint on --resume), reference model, optimizer, bank, engine."""
+    """With (train tasks, validation panel) from check_inputs: the model (from the latest checkpoint on --resume),
+    reference model, optimizer, bank, engine."""
     out = Path(cfg.output_dir)
     if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
         raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
@@ -347,8 +348,8 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         engine.sync_weights(model)
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
-    return Setup(train_tasks=tasks[0], panel=tasks[1], model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
-                 bank=bank, start=start, engine=engine)
+    return Setup(train_tasks=tasks[0], panel=tasks[1], model=model, tokenizer=tokenizer, ref_model=ref_model,
+                 optimizer=optimizer, bank=bank, start=start, engine=engine)
 
 
 def main(cfg: Config) -> None:
@@ -372,7 +373,8 @@ def main(cfg: Config) -> None:
 def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list]) -> None:
     s = setup(cfg, world, tasks)
     print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} | "
-                  f"{len(s.train_tasks)} train tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M params on {world.device} "
+                  f"{len(s.train_tasks)} train tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M "
+                  f"params on {world.device} "
                   f"x{world.world_size} | steps {s.start}->{cfg.steps}")
     try:
         for step in range(s.start, cfg.steps):

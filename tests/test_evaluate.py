@@ -244,7 +244,7 @@ def test_plot_writes_pngs(tmp_path):
         assert (tmp_path / "p" / f).stat().st_size > 1000
 
 
-# ---------------------------------------------------------------------------------------------------- as a user meets it
+# ------------------------------------------------------------------------------------------- as a user meets it
 
 def _task(i, task_type):
     return envs.Task(f"alfworld/valid_seen/{i:03d}", task_type, "alfworld", f"/g/{i}")
@@ -291,3 +291,10 @@ def test_an_embedded_baseline_alone_gets_its_own_preset_not_the_full_size_defaul
         assert (cfg.alfworld.require_think, cfg.alfworld.max_steps, cfg.rollout.action_space) == \
             (False, want.alfworld.max_steps, "admissible")
     assert evaluate.eval_config(evaluate.EvalArgs(baseline="Qwen/Qwen3-1.7B")).alfworld.require_think  # unchanged
+
+
+def test_audit_text_puts_the_papers_numbers_beside_ours():
+    rows = [{"structured": {"ref": "r", "position": 0, "candidate": "a"}, "history_match": None, "match": None}] * 2
+    text = audits.format_audit(audits.matcher_comparison(rows), {})
+    assert "covers 100.0% of turns (2) [paper 20.2%]" in text
+    assert "[paper 98.8%]" in text and "[paper 75.4%]" in text and "[paper 99.4%]" in text

@@ -186,6 +186,12 @@ BAD_CONFIG = [  # (flags, the flag the error names)
     (["--grpo.max-grad-norm", "0"], "--grpo.max-grad-norm"),
     (["--rollout.sampling.temperature", "0"], "--rollout.sampling.temperature"),
     (["--alfworld.max-steps", "0"], "--alfworld.max-steps"),
+    (["--eval-every", "-1"], "--eval-every"),
+    (["--eval-temperature", "nan"], "--eval-temperature"),
+    (["--router.history-window", "-1"], "--router.history-window"),
+    (["--router.archive-size", "-1"], "--router.archive-size"),
+    (["--grpo.sd-coef", "-0.1"], "--grpo.sd-coef"),
+    (["--grpo.sd-gate-beta", "inf"], "--grpo.sd-gate-beta"),
 ]
 
 
