@@ -116,6 +116,16 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     assert (cfg.matcher, cfg.context) == ("structured", "fullpath")
     cfg = smrc.parse_config(["--preset", "tiny", "--algo", "smrc-sd"])
     assert (cfg.matcher, cfg.context, cfg.model) == ("structured", "full", "tiny-agent-quick")
+    table = {a: (smrc.parse_config(["--algo", a]).matcher, smrc.parse_config(["--algo", a]).context,
+                 smrc.parse_config(["--algo", a]).sd_loss) for a in ("skill-sd", "sdar", "grpo-opsd")}
+    assert table == {"skill-sd": ("every", "skill", "skill-sd"), "sdar": ("every", "skill", "sdar"),
+                     "grpo-opsd": ("every", "skill", "grpo-opsd")}
+    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "fullpath"])  # a trajectory context: FullPath routing
+    assert (cfg.matcher, cfg.context, cfg.sd_loss) == ("all", "fullpath", "sdar")
+    cfg = smrc.parse_config(["--algo", "smrc-sd", "--grpo.sd-loss", "skill-sd"])
+    assert (cfg.matcher, cfg.sd_loss) == ("structured", "skill-sd")
+    with pytest.raises(SystemExit, match="^error: --router.matcher every .* --router.context full needs"):
+        smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
 
 
 def _distils_every_turn(rows: list[dict]) -> None:
