@@ -143,7 +143,8 @@ def load_any(name: str, device: str | torch.device = "cpu"):
 # eval
 
 PRIVILEGED_MARKERS = (router.TRAJECTORY_TEMPLATE.split("\n")[0], router.SUMMARY_TEMPLATE.split("\n")[0],
-                      router.CANDIDATE_TEMPLATE.split("\n")[0], router.CLOSING_TEMPLATE)
+                      router.CANDIDATE_TEMPLATE.split("\n")[0], router.SKILL_TEMPLATE.split("\n")[0],
+                      router.CLOSING_TEMPLATE)
 
 
 @dataclass

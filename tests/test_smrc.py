@@ -86,7 +86,8 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
     with EnvPool(cfg.alfworld, 0) as pool:
         eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg, tag="t", show_progress=False)
     markers = [router.SUMMARY_TEMPLATE.split("\n")[0], router.CANDIDATE_TEMPLATE.split("\n")[0][:20],
-               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.CLOSING_TEMPLATE, "('task',", "signature"]
+               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.SKILL_TEMPLATE.split("\n")[0], "General skills",
+               router.CLOSING_TEMPLATE, "('task',", "signature"]
     for t in (t for e in eps for t in e.turns):
         assert not any(m in t.user_text for m in markers), t.user_text
         assert tok.decode(t.prompt_ids) .count("<|im_start|>user") == 1
