@@ -22,6 +22,7 @@ Deviations from verl-agent (numbered):
 2. 'help' is dropped from the ALFWorld admissible list shown in the prompt.
 """
 import hashlib
+import random
 import re
 from dataclasses import dataclass
 from typing import Hashable
@@ -115,6 +116,25 @@ class EpisodeConfig:
 def load_tasks(cfg: EpisodeConfig, split: str) -> list[Task]:
     """Tasks of a split of the environment `cfg` configures, in a sorted, pinned order."""
     return cfg.load_tasks(split)
+
+
+def stratified_subset(tasks: list[Task], n: int, seed: int) -> list[Task]:
+    """n of `tasks` spread over the task types: round-robin over the types (sorted by name; the first types get one
+    more when n is not a multiple), each type's tasks taken in a shuffle seeded by `seed`; returned in the given
+    (pinned) order. All of them when n <= 0 or n >= len(tasks)."""
+    if n <= 0 or n >= len(tasks):
+        return list(tasks)
+    rng = random.Random(seed)
+    by_type: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_type.setdefault(t.task_type, []).append(t)
+    queues = [rng.sample(group, len(group)) for _, group in sorted(by_type.items())]
+    picked: set[str] = set()
+    while len(picked) < n:
+        for q in (q for q in queues if q):
+            if len(picked) < n:
+                picked.add(q.pop().task_id)
+    return [t for t in tasks if t.task_id in picked]
 
 
 def make_env(cfg: EpisodeConfig):

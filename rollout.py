@@ -269,6 +269,8 @@ def rollout_metrics(stats: list[EpisodeStats], counters: dict) -> dict:
 
 def _match_json(m) -> dict | None:
     """A router.Match as JSON: the reference, the position, its signature there, the candidate and the suffix."""
+    if m is not None and m.ref is None:  # matcher `every` on a task without a reference
+        return {"ref": None, "position": None, "candidate": None, "ref_signature": None, "ref_suffix": []}
     return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
                                    "ref_signature": m.ref.steps[m.position].signature,
                                    "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}

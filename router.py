@@ -5,14 +5,17 @@ What it does (paper "State-matched routing" and "State-contextualized teacher co
   observations, actions). Sources: the successful rollouts of the current group, a bounded archive of earlier
   successes, and (flag, off by default) planner solutions. A trajectory is never its own reference.
 - Matchers decide per student turn whether a reference applies: `structured` (signature equality, SMRC-SD),
-  `history` (same action/observation prefix), `random` (control), `all` (FullPath-SD), `none` (GRPO).
+  `history` (the prompt's view: the last h (observation, action) pairs and the current observation),
+  `history-full` (the whole action/observation prefix), `random` (control), `all` (FullPath-SD), `every`
+  (every turn, with or without a reference: the skill-context baselines), `none` (GRPO).
   `route` runs one over a batch of turns and returns a `Match` (reference, position j, candidate action =
   the reference's action at j) or None per turn; None means the turn gets the GRPO signal only.
 - `teacher_context` builds the privileged text put before the student's ordinary prompt; the text of every
-  variant is in the module-level templates below (fullpath, summary, candidate, full = SMRC-SD).
+  variant is in the module-level templates below (fullpath, summary, candidate, full = SMRC-SD, skill = the
+  Skill-SD / SDAR skill text, read from the plain-text files under skills/ by `skill_text`).
 
-Pure data: no torch, no transformers, no environment import. Signatures are the envs.py contract type,
-re-declared here as a type alias. Evaluation prompts never go through this module.
+Pure data: no torch, no transformers, no environment import (the skill files are text). Signatures are the
+envs.py contract type, re-declared here as a type alias. Evaluation prompts never go through this module.
 
 Deviations and choices the paper leaves open (numbered, referenced in the code):
 1. Several references for a task: they are tried in a fixed preference order, current group first (same
@@ -31,12 +34,21 @@ Deviations and choices the paper leaves open (numbered, referenced in the code):
    reading the reference "at the same step" would see).
 6. The paper does not publish its teacher text; ours is the templates below. Nothing is truncated here:
    teacher.py enforces the teacher length budget (over-long prompts fall back to GRPO and are counted).
+7. The windowed `history` matcher keys on what the prompt shows of the past (envs.build_prompt: the last
+   `history_length` pairs and the current observation), without the step counter the prompt also prints. So
+   two states reached by different paths that end in the same h pairs look alike to it, and it can disagree
+   with `structured` in both directions (what the audit measures); `history-full` cannot, in a deterministic
+   environment, since the whole prefix fixes the state.
+8. `references = first` restricts every matcher to the one reference FullPath-SD shows (the first in the
+   deviation-1 order), so SMRC-SD's routing is compared with FullPath-SD at equal reference access.
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Literal
 
 Signature = tuple[tuple[str, Hashable], ...]  # same type as envs.Signature: ordered (field, value) pairs
@@ -62,9 +74,9 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class Match:
-    ref: Trajectory
-    position: int  # index j into ref.steps
-    candidate: str  # ref.steps[position].action
+    ref: Trajectory | None  # None: matcher `every` on a task without a reference (skill contexts need none)
+    position: int  # index j into ref.steps (-1 without a reference)
+    candidate: str  # ref.steps[position].action ("" without a reference)
 
 
 @dataclass(frozen=True)
@@ -78,14 +90,20 @@ class Turn:
 
 @dataclass
 class RouterConfig:
-    matcher: Literal["structured", "history", "random", "all", "none"] | None = None
-    """turns to distil: structured (SMRC-SD), history (same prefix), random (control), all (FullPath-SD), none;
-    None = set by --algo (grpo: none, fullpath-sd: all, smrc-sd: structured)"""
-    context: Literal["fullpath", "summary", "candidate", "full"] | None = None
-    """teacher context: fullpath (trajectory), summary (+state), candidate (+candidate action), full (SMRC-SD);
-    None = set by --algo (fullpath-sd: fullpath, smrc-sd: full)"""
+    matcher: Literal["structured", "history", "history-full", "random", "all", "every", "none"] | None = None
+    """turns to distil: structured (SMRC-SD), history (last h pairs + observation), history-full (same prefix),
+    random (control), all (FullPath-SD), every (all turns, reference or not), none; None = set by --algo (grpo: none,
+    fullpath-sd: all, smrc-sd: structured, skill-sd/sdar/grpo-opsd: every, or all with a trajectory context)"""
+    context: Literal["fullpath", "summary", "candidate", "full", "skill"] | None = None
+    """teacher context: fullpath (trajectory), summary (+state), candidate (+candidate action), full (SMRC-SD),
+    skill (skill files); None = set by --algo (fullpath-sd: fullpath, smrc-sd: full, skill-sd/sdar/grpo-opsd: skill)"""
+    history_window: int | None = None
+    """h of the `history` matcher: (observation, action) pairs compared; None = the env's prompt history_length"""
+    references: Literal["all", "first"] = "all"
+    """references a matcher may use per task: all (in preference order) or first (the one FullPath-SD shows)"""
     archive_size: int = 4
-    """earlier successful trajectories kept per task: the most recent ones, the oldest dropped first"""
+    """earlier successful trajectories kept per task: the most recent ones, the oldest dropped first (0 = none:
+    the references are this step's successes only, the paper's setting, which mentions no archive)"""
     seed_with_planner: bool = False
     """also use the planner's solution of each task as a reference (not in the paper; for bootstrapping)"""
 
@@ -128,6 +146,14 @@ class ReferenceBank:
         sourced += [("planner", self.planner[task_id])] if task_id in self.planner else []
         sourced.sort(key=lambda st: (_SOURCE_RANK[st[0]], len(st[1].steps), st[1].traj_id))
         return [t for _, t in sourced if t.traj_id != exclude_traj_id]
+
+    def source(self, traj: Trajectory | None) -> str:
+        """Where a reference comes from: group, archive, planner (none for no reference)."""
+        if traj is None:
+            return "none"
+        if any(t is traj for t in self.group.get(traj.task_id, [])):
+            return "group"
+        return "planner" if self.planner.get(traj.task_id) is traj else "archive"
 
     def metrics(self) -> dict[str, float]:
         tasks = set(self.group) | set(self.archive) | set(self.planner)
@@ -172,28 +198,39 @@ def _usable(turn: Turn, refs: list[Trajectory]) -> list[Trajectory]:
     return [r for r in refs if r.traj_id != turn.traj_id and r.task_id == turn.task_id and r.steps]
 
 
-def _last_position(ref: Trajectory, key: Callable[[Step], object], value: object) -> int | None:
-    positions = [j for j, s in enumerate(ref.steps) if key(s) == value]
-    return positions[-1] if positions else None  # deviation 2: last occurrence = shortest suffix
+Key = Callable[[list[Step], int], Hashable]  # (steps of a trajectory, position j) -> what a matcher compares
 
 
-def _match_on(turn: Turn, refs: list[Trajectory], key: Callable[[Step], object]) -> Match | None:
-    """The first reference holding the student's `key` of its step, at the last such position j."""
+def _match_on(turn: Turn, refs: list[Trajectory], value: Hashable, key: Key) -> Match | None:
+    """The first reference holding the student's `value` at some position j (its last such one, deviation 2)."""
     for ref in _usable(turn, refs):
-        j = _last_position(ref, key, key(turn.step))
-        if j is not None:
-            return Match(ref, j, ref.steps[j].action)
+        positions = [j for j in range(len(ref.steps)) if key(ref.steps, j) == value]
+        if positions:
+            return Match(ref, positions[-1], ref.steps[positions[-1]].action)
     return None
+
+
+def window_key(steps: list[Step], j: int, h: int) -> tuple:
+    """What the prompt at position j shows of the past: the last h (observation, action) pairs and the current
+    observation (deviation 7)."""
+    return tuple((s.observation, s.action) for s in steps[max(0, j - h):j]), steps[j].observation
 
 
 def match_structured(turn: Turn, refs: list[Trajectory]) -> Match | None:
     """SMRC-SD: the student's state signature equals the reference's signature at position j."""
-    return _match_on(turn, refs, lambda s: s.signature)
+    return _match_on(turn, refs, turn.step.signature, lambda steps, j: steps[j].signature)
 
 
-def match_history(turn: Turn, refs: list[Trajectory]) -> Match | None:
+def match_history(turn: Turn, refs: list[Trajectory], earlier: list[Step], h: int) -> Match | None:
+    """The prompt's view (`window_key`) of the student's turn, given its `earlier` steps, equals the reference's
+    at position j."""
+    mine = window_key([*earlier, turn.step], len(earlier), h)
+    return _match_on(turn, refs, mine, lambda steps, j: window_key(steps, j, h))
+
+
+def match_history_full(turn: Turn, refs: list[Trajectory]) -> Match | None:
     """The student's history key (whole action/observation prefix) equals the reference's at position j."""
-    return _match_on(turn, refs, lambda s: s.history_key)
+    return _match_on(turn, refs, turn.step.history_key, lambda steps, j: steps[j].history_key)
 
 
 def match_all(turn: Turn, refs: list[Trajectory]) -> Match | None:
@@ -206,17 +243,24 @@ def match_all(turn: Turn, refs: list[Trajectory]) -> Match | None:
     return Match(ref, j, ref.steps[j].action)
 
 
+def match_every(turn: Turn, refs: list[Trajectory]) -> Match:
+    """Skill-SD / SDAR: every turn; the index-aligned reference position where the task has one (deviation 5)."""
+    return match_all(turn, refs) or Match(None, -1, "")
+
+
 def match_none(turn: Turn, refs: list[Trajectory]) -> Match | None:
     """Plain GRPO: no turn is distilled."""
     return None
 
 
 MATCHERS: dict[str, Callable[[Turn, list[Trajectory]], Match | None]] = {
-    "structured": match_structured, "history": match_history, "all": match_all, "none": match_none,
+    "structured": match_structured, "history-full": match_history_full, "all": match_all, "every": match_every,
+    "none": match_none,
 }
 
 
-_KEYS: dict[str, Callable[[Step], object]] = {"structured": lambda s: s.signature, "history": lambda s: s.history_key}
+_KEYS: dict[str, Callable[[Step], object]] = {"structured": lambda s: s.signature,
+                                              "history-full": lambda s: s.history_key}
 
 
 def _references(turns: list[Turn], bank: ReferenceBank) -> list[list[Trajectory]]:
@@ -243,16 +287,26 @@ def _match_indexed(turns: list[Turn], refs: list[list[Trajectory]], key: Callabl
     return out
 
 
-def route(turns: list[Turn], bank: ReferenceBank, matcher: str, rng: random.Random) -> list[Match | None]:
+def route(turns: list[Turn], bank: ReferenceBank, matcher: str, rng: random.Random, *, window: int = 2,
+          references: str = "all") -> list[Match | None]:
     """One Match or None per turn, in the order given.
 
     `random` is the paper's control: exactly as many turns as `structured` selects on this batch, drawn
     uniformly (rng.sample) among the turns whose task has a reference, each given the index-aligned match
     of `match_all` (deviation 5). rng is used only by `random`; seed it per step for an exact resume.
+    `history` reads a turn's earlier steps from the turns of its trajectory in this batch (every turn of an
+    episode is in it), with `window` = h. `references = first`: only the first reference (deviation 8).
     """
     refs = _references(turns, bank)
+    refs = [r[:1] for r in refs] if references == "first" else refs
     if matcher in _KEYS:
         return _match_indexed(turns, refs, _KEYS[matcher])
+    if matcher == "history":
+        paths: dict[str, dict[int, Step]] = {}
+        for t in turns:
+            paths.setdefault(t.traj_id, {})[t.turn_index] = t.step
+        earlier = [[paths[t.traj_id][i] for i in range(t.turn_index)] for t in turns]
+        return [match_history(t, r, e, window) for t, r, e in zip(turns, refs, earlier)]
     if matcher in MATCHERS:
         return [MATCHERS[matcher](t, r) for t, r in zip(turns, refs)]
     assert matcher == "random", f"unknown matcher {matcher!r}"
@@ -263,12 +317,15 @@ def route(turns: list[Turn], bank: ReferenceBank, matcher: str, rng: random.Rand
 
 
 def route_metrics(turns: list[Turn], matches: list[Match | None], bank: ReferenceBank) -> dict[str, float]:
+    """Matched turns, turns with a reference, and the matched turns by the source of their reference (group,
+    archive, planner; `none` for matcher `every` without one): the coverage each source gives."""
     with_ref = sum(bool(_usable(t, r)) for t, r in zip(turns, _references(turns, bank)))
-    matched = sum(m is not None for m in matches)
-    return {
-        "router/matched_turns": float(matched),
-        "router/turns_with_reference": float(with_ref),
-    }
+    by_source = dict.fromkeys(("group", "archive", "planner", "none"), 0.0)
+    for m in (m for m in matches if m is not None):
+        by_source[bank.source(m.ref)] += 1
+    return {"router/matched_turns": float(sum(m is not None for m in matches)),
+            "router/turns_with_reference": float(with_ref),
+            **{f"router/matched_turns/{k}": v for k, v in by_source.items()}}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -341,13 +398,26 @@ CANDIDATE_TEMPLATE = (
     "[Privileged: candidate next action]\n"
     "The successful trajectory's action at its step {k}: {candidate}"
 )
+SKILL_TEMPLATE = "[Privileged: skills for this kind of task]\n{skills}"
 CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation below."
 CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, joined by a blank line
     "fullpath": ("trajectory",),
     "summary": ("trajectory", "summary"),
     "candidate": ("trajectory", "candidate"),
     "full": ("trajectory", "summary", "candidate"),
+    "skill": ("skills",),
 }
+SKILLS_DIR = Path(__file__).resolve().parent / "skills"  # skills/<env>/general.md and skills/<env>/<task_type>.md
+
+
+@functools.cache
+def skill_text(env: str, task_type: str) -> str:
+    """The skill text of a task: the environment's general skills, then its task type's (one file each)."""
+    files = [SKILLS_DIR / env / "general.md", SKILLS_DIR / env / f"{task_type}.md"]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no skill file {missing} for env {env!r}, task type {task_type!r}")
+    return "\n\n".join(f.read_text().strip() for f in files)
 
 
 def render_trajectory(ref: Trajectory) -> str:
@@ -356,15 +426,20 @@ def render_trajectory(ref: Trajectory) -> str:
     return TRAJECTORY_TEMPLATE.format(steps=steps, final_observation=ref.final_observation)
 
 
-def teacher_context(variant: str, ref: Trajectory, match: Match | None, signature: Signature) -> str:
+def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, signature: Signature,
+                    skills: str = "") -> str:
     """The privileged block put before the student's prompt (teacher.py joins them with a blank line).
 
     `signature` is the student's own current state (what the summary describes); `match` is required by the
-    variants that show the candidate action.
+    variants that show the candidate action, `ref` by those that show the trajectory, `skills` (skill_text) by skill.
     """
     blocks = []
     for block in CONTEXT_BLOCKS[variant]:
-        if block == "trajectory":
+        if block == "skills":
+            assert skills, f"context {variant!r} needs the skill text"
+            blocks.append(SKILL_TEMPLATE.format(skills=skills))
+        elif block == "trajectory":
+            assert ref is not None, f"context {variant!r} needs a reference trajectory"
             blocks.append(render_trajectory(ref))
         elif block == "summary":
             blocks.append(SUMMARY_TEMPLATE.format(summary=state_summary(signature)))

@@ -4,16 +4,19 @@ One step of training (the loop at the bottom reads as this list):
   1. sample task groups        n rollouts (`group_size`) of each of `tasks_per_step` tasks
   2. roll out                  every turn is a sample: (prompt of that turn, sampled response, sampling log-probs)
   3. reference bank            successes of this group (+ archive, + planner solutions if asked) per task
-  4. route                     which turns to distil: state-signature matches (smrc-sd), all (fullpath-sd), none (grpo)
+  4. route                     which turns to distil: state-signature matches (smrc-sd), all (fullpath-sd), none (grpo),
+                               every turn (skill-sd, sdar, grpo-opsd)
   5. teacher                   same weights re-score the sampled tokens with [reference + state summary + candidate]
+                               (smrc-sd), [reference] (fullpath-sd) or [skill text] (skill-sd, sdar, grpo-opsd)
   6. advantages                trajectory-level GRPO per task group
-  7. update                    L = L_GRPO + λ·L_SD (distilled turns only) over mini/micro-batches
-  8. sync, log, checkpoint
+  7. update                    L = L_GRPO + λ·L_SD (distilled turns only; L_SD's form is set by --algo, grpo.py)
+  8. sync, log, checkpoint     (and every --eval-every steps: validation on a fixed panel, best weights kept)
 
 Usage:
   python smrc.py --preset tiny                                         # CPU, embedded model and generated games
   python smrc.py --env alfworld --model Qwen/Qwen3-1.7B                # paper scale, official ALFWorld data
   python smrc.py --env webshop --algo fullpath-sd --router.matcher structured   # an ablation row
+  python smrc.py --env alfworld --algo sdar --router.context fullpath           # SDAR's loss, a trajectory context
   torchrun --nproc_per_node 8 smrc.py --env alfworld --model Qwen/Qwen3-1.7B
 
 Inference and evaluation see only the ordinary prompt: reference, signatures and teacher context exist only in steps
@@ -36,13 +39,14 @@ from typing import Literal
 import numpy as np
 import torch
 import tyro
+from transformers import AutoConfig
 
 import envs
 import grpo
 import rollout
 import router
 import teacher
-from embedded.warmstart import resolve
+from embedded.warmstart import RECIPES, TINY, resolve
 from environments.alfworld import AlfworldConfig
 from environments.pool import EnvPool
 from environments.webshop import WebShopConfig
@@ -50,16 +54,21 @@ from grpo import GRPOConfig
 from models import HFEngine, SamplingConfig, load_model
 from router import RouterConfig
 from scale import distributed
-from scale.checkpoint import fill_dataclass, load_trainer_state, resume_checkpoint, save_checkpoint, set_aside_newer
+from scale.checkpoint import (fill_dataclass, load_trainer_state, resume_checkpoint, save_checkpoint, seed_step,
+                              set_aside_newer)
 from scale.distributed import DistConfig, World, init_distributed, print0
+from scale.monitor import log_step, save_best, validate
 from scale.preflight import prepare_output_dir, validate_config
 from scale.vllm_engine import VLLMEngine
 from teacher import TeacherConfig
 
-ALGOS = {  # --algo → (matcher, teacher context) unless --router.matcher / --router.context override them
-    "grpo": ("none", "fullpath"),
-    "fullpath-sd": ("all", "fullpath"),
-    "smrc-sd": ("structured", "full"),
+ALGOS = {  # --algo → (matcher, teacher context, L_SD form) unless --router.matcher/--router.context/--grpo.sd-loss say
+    "grpo": ("none", "fullpath", "reverse-kl"),
+    "fullpath-sd": ("all", "fullpath", "reverse-kl"),
+    "smrc-sd": ("structured", "full", "reverse-kl"),
+    "skill-sd": ("every", "skill", "skill-sd"),     # Skill-SD as SDAR's repository codes it: ρ·k3, λ = 0.001
+    "sdar": ("every", "skill", "sdar"),             # SDAR: σ(5·sg(Δ))-gated likelihood, λ = 0.01
+    "grpo-opsd": ("every", "skill", "grpo-opsd"),   # GRPO+OPSD: the same with the gate fixed at 0.5
 }
 
 
@@ -91,8 +100,8 @@ class Config:
     games; learn = the CPU mini-reproduction of bench/learn.py"""
     env: Literal["alfworld", "webshop"] = "alfworld"
     """environment"""
-    algo: Literal["grpo", "fullpath-sd", "smrc-sd"] = "smrc-sd"
-    """training algorithm (sets the router's matcher and teacher context)"""
+    algo: Literal["grpo", "fullpath-sd", "smrc-sd", "skill-sd", "sdar", "grpo-opsd"] = "smrc-sd"
+    """training algorithm (sets the router's matcher, the teacher context and the form of L_SD: ALGOS)"""
     model: str = "Qwen/Qwen3-1.7B"
     """Hugging Face model id or local directory; 'tiny' / 'tiny-agent' = the embedded CPU models (embedded/)"""
     seed: int = 0
@@ -109,6 +118,13 @@ class Config:
     """continue from the latest checkpoint in output_dir (without it, a folder holding checkpoints is refused)"""
     resume_from: str = ""
     """continue from this checkpoint instead (a folder, or a step_XXXXXX name in output_dir); implies --resume"""
+    eval_every: int = 0
+    """validate every N steps (and at the last) on a fixed panel, logged to metrics.jsonl, best weights kept in
+    output_dir/best/ (0 = never: the CPU default; the anchors validate every 5)"""
+    eval_tasks: int = 128
+    """validation panel: this many tasks of the eval split, type-stratified, seeded by --seed (anchors: 128)"""
+    eval_temperature: float = 0.4
+    """validation sampling temperature (verl-agent and SDAR: 0.4)"""
     archive_max_turns: int = 1_000_000
     """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are counted,
     not written (0 = no archive)"""
@@ -123,12 +139,21 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     @property
-    def matcher(self) -> str:
-        return self.router.matcher or ALGOS[self.algo][0]
+    def matcher(self) -> str:  # the skill baselines given a trajectory context (--router.context) route as FullPath-SD
+        default = ALGOS[self.algo][0]
+        return self.router.matcher or ("all" if default == "every" and self.context != "skill" else default)
 
     @property
     def context(self) -> str:
         return self.router.context or ALGOS[self.algo][1]
+
+    @property
+    def history_window(self) -> int:  # h of the history matcher: the prompt's by default
+        return self.env_cfg.history_length if self.router.history_window is None else self.router.history_window
+
+    @property
+    def sd_loss(self) -> str:
+        return self.grpo.sd_loss or ALGOS[self.algo][2]
 
     @property
     def env_cfg(self):
@@ -211,6 +236,7 @@ class Setup:
     engine: object                # HFEngine or VLLMEngine
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row for a non-finite loss or gradient norm
+    panel: list = field(default_factory=list)  # the fixed validation panel (--eval-every)
 
 
 def step_tasks(cfg: Config, s: Setup, world: World, step: int) -> list[envs.Task]:
@@ -254,11 +280,13 @@ def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
 
 
 def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
-            bank: router.ReferenceBank, matcher: str) -> list[dict]:
+            bank: router.ReferenceBank, cfg: Config) -> list[dict]:
     """Archive rows with the run's matches and both audited matchers' matches on the same turns (the run's own
     matches when its matcher is one of them: the same deterministic function on the same bank)."""
-    structured = matches if matcher == "structured" else router.route(rturns, bank, "structured", random.Random(0))
-    history_matches = matches if matcher == "history" else router.route(rturns, bank, "history", random.Random(0))
+    structured = matches if cfg.matcher == "structured" else router.route(
+        rturns, bank, "structured", random.Random(0), references=cfg.router.references)
+    history_matches = matches if cfg.matcher == "history" else router.route(
+        rturns, bank, "history", random.Random(0), window=cfg.history_window, references=cfg.router.references)
     return rollout.archive_rows(step, episodes, matches, structured, history_matches)
 
 
@@ -266,27 +294,37 @@ def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn
 # Training loop
 
 
-def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
-    """Every step's randomness derives from (seed, step, rank), so a resumed run replays the same numbers."""
-    torch.manual_seed(seed * 1_000_003 + step * 101 + rank)
-    np.random.seed((seed * 1_000_003 + step * 101 + rank) % 2**32)
-    return random.Random(f"{seed}-{step}-{rank}")
-
-
-def setup(cfg: Config, world: World) -> Setup:
-    """Tasks, model (from the latest checkpoint on --resume), reference model, optimizer, bank, engine."""
-    out = Path(cfg.output_dir)
+def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
+    """Before anything is written or loaded: the settings fit together, the data (train split; the validation
+    panel with --eval-every) and the model exist. Each failure is one `error:` line. Returns (train tasks, panel)."""
     if cfg.rollout.action_space == "admissible" and ("vllm" in (cfg.rollout.engine, cfg.teacher.backend)
                                                      or cfg.env_cfg.require_think):
         raise SystemExit("error: --rollout.action-space admissible needs --rollout.engine hf --teacher.backend hf and "
                          "require_think False (the response is exactly one `<action>...</action>`)")
+    if cfg.matcher == "every" and cfg.context != "skill":
+        raise SystemExit(f"error: --router.matcher every distils turns without a reference, which --router.context "
+                         f"{cfg.context} needs; use --router.context skill or --router.matcher all")
+    try:  # missing data: one clear message, not a traceback from deep inside
+        train = envs.load_tasks(cfg.env_cfg, "train")
+        panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
+    except envs.DataError as e:
+        raise SystemExit(f"error: {e}") from None
+    if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
+        try:
+            AutoConfig.from_pretrained(cfg.model)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: --model {cfg.model} is neither a model folder nor a hub id found here "
+                             f"({str(e).strip().splitlines()[0]})") from None
+    return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
+
+
+def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Task]]) -> Setup:
+    """With (train tasks, validation panel) from check_inputs: the model (from the latest checkpoint on --resume),
+    reference model, optimizer, bank, engine."""
+    out = Path(cfg.output_dir)
     if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
         raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
                          "every forward is a collective, and per-rank generation lengths differ")
-    try:
-        train_tasks = envs.load_tasks(cfg.env_cfg, "train")
-    except envs.DataError as e:  # missing data: one clear message, not a traceback from deep inside
-        raise SystemExit(f"error: {e}") from None
     if world.is_main:  # embedded models are built once, by rank 0 (transformers saves on rank 0 only under torchrun)
         resolve(cfg.model)
     world.barrier()
@@ -315,12 +353,13 @@ def setup(cfg: Config, world: World) -> Setup:
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
                           bf16=cfg.grpo.bf16)
-    return Setup(train_tasks=train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
-                 bank=bank, start=start, engine=engine)
+    return Setup(train_tasks=tasks[0], panel=tasks[1], model=model, tokenizer=tokenizer, ref_model=ref_model,
+                 optimizer=optimizer, bank=bank, start=start, engine=engine)
 
 
 def main(cfg: Config) -> None:
     validate_config(cfg)
+    tasks = check_inputs(cfg)
     world = init_distributed(cfg.device)
     out = Path(cfg.output_dir)
     if world.is_main:
@@ -331,17 +370,17 @@ def main(cfg: Config) -> None:
     # first: the workers fork before any model or engine exists; the pool is sized for this rank's episodes
     pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size)
     try:
-        train(cfg, world, pool)
+        train(cfg, world, pool, tasks)
     finally:
         pool.close()
         distributed.close(world)
 
 
-def train(cfg: Config, world: World, pool: EnvPool) -> None:
-    s = setup(cfg, world)
-    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} | {len(s.train_tasks)} train "
-                  f"tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M params on {world.device} "
-                  f"x{world.world_size} | steps {s.start}->{cfg.steps}")
+def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list]) -> None:
+    s = setup(cfg, world, tasks)
+    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} | "
+                  f"{len(s.train_tasks)} train tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M "
+                  f"params on {world.device} x{world.world_size} | steps {s.start}->{cfg.steps}")
     try:
         for step in range(s.start, cfg.steps):
             train_step(cfg, world, pool, s, step)
@@ -371,7 +410,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     # 4. route: which turns get distilled
     rturns = [router.Turn(t.task.task_id, t.traj_id, t.index,
                           router.Step(t.signature, t.history_key, t.observation, t.action)) for t in turns]
-    matches = router.route(rturns, s.bank, cfg.matcher, rng)
+    matches = router.route(rturns, s.bank, cfg.matcher, rng, window=cfg.history_window,
+                           references=cfg.router.references)
     # 5. teacher: same weights, privileged context, matched turns only
     teacher_lp, sd_counts = teacher.teacher_signal(turns, matches, cfg.context, s.tokenizer, cfg.teacher,
                                                    teacher_scorer(cfg, s))
@@ -380,14 +420,15 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
     t_update = time.perf_counter()
     getattr(s.engine, "sleep", lambda: None)()
-    actor = grpo.update(s.model, s.optimizer, samples, cfg.grpo, pad_id=s.tokenizer.pad_token_id,
+    actor = grpo.update(s.model, s.optimizer, samples, dataclasses.replace(cfg.grpo, sd_loss=cfg.sd_loss),
+                        pad_id=s.tokenizer.pad_token_id,
                         temperature=cfg.rollout.sampling.temperature, ref_model=s.ref_model,
                         world=world if world.enabled else None, nonfinite_streak=s.nonfinite)
     s.nonfinite = actor["actor/nonfinite_streak"]
     # 8. sync the rollout engine, archive the turns, log, checkpoint
     s.engine.sync_weights(s.model)
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive(step + 1, episodes, rturns, matches, s.bank, cfg.matcher) if cfg.archive_max_turns else [],
+             "rows": archive(step + 1, episodes, rturns, matches, s.bank, cfg) if cfg.archive_max_turns else [],
              "route": router.route_metrics(rturns, matches, s.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30
@@ -396,45 +437,11 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     everyone = world.gather(local)
     if world.is_main:
         log_step(Path(cfg.output_dir), step + 1, cfg, everyone, actor, s.bank)
+    if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+        row = validate(cfg, s.engine, pool, s.tokenizer, s.panel, step + 1, world)
+        save_best(Path(cfg.output_dir), s.model, s.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
         save_checkpoint(Path(cfg.output_dir), step + 1, s.model, s.tokenizer, s.optimizer, s.bank, cfg, world)
-
-
-def log_step(out: Path, step: int, cfg: Config, everyone: list[dict], actor: dict, bank) -> None:
-    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it, print."""
-    def total(key, sub):
-        return sum(r[key][sub] for r in everyone)
-    stats = [st for r in everyone for st in r["rollout"]]
-    n_turns = sum(len(st.turns) for st in stats)
-    counters = {k: total("counters", k) for k in everyone[0]["counters"]}
-    dt = max(r["times"]["step_s"] for r in everyone)
-    dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
-                                    cfg.archive_max_turns) if cfg.archive_max_turns else 0
-    m = {"step": step, **rollout.rollout_metrics(stats, counters),
-         "router/match_rate": total("route", "router/matched_turns") / max(n_turns, 1),
-         "router/matched_turns": total("route", "router/matched_turns"),
-         "router/turns_with_reference": total("route", "router/turns_with_reference"), **bank.metrics(),
-         "sd/distilled_turns": total("sd", "sd/distilled_turns"),
-         "sd/distilled_share": total("sd", "sd/distilled_turns") / max(n_turns, 1),
-         "sd/distilled_tokens": total("sd", "sd/distilled_tokens"),
-         "sd/over_length_turns": total("sd", "sd/over_length_turns"),
-         "sd/teacher_tokens": total("sd", "sd/teacher_tokens"),
-         "sd/teacher_time_s": max(r["sd"]["sd/teacher_time_s"] for r in everyone),
-         "sd/teacher_minus_student_logp": (total("sd", "sd/gap_sum") / total("sd", "sd/distilled_tokens")
-                                           if total("sd", "sd/distilled_tokens") else float("nan")),
-         **actor, "time/step_s": dt, "time/generate_s": max(r["counters"]["gen_s"] for r in everyone),
-         "time/env_s": max(r["counters"]["env_s"] for r in everyone),
-         "time/env_share": max(r["counters"]["env_s"] for r in everyone) / dt,
-         "time/update_s": max(r["times"]["update_s"] for r in everyone),
-         "time/peak_gpu_mem_gb": max(r["times"]["peak_mem_gb"] for r in everyone),
-         "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(m) + "\n")
-    print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
-          f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
-          f"gap {m['sd/teacher_minus_student_logp']:.3f} | {dt:.1f}s (env {m['time/env_share']:.0%})"
-          + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
-          flush=True)
 
 
 if __name__ == "__main__":

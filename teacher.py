@@ -112,8 +112,11 @@ def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: Tea
     """Teacher log-probs for matched turns (None elsewhere and for over-length prompts) and summable sd/ counts.
     `turns` are rollout.Turns (user_text, signature, response_ids, sample_logprobs), `context` the variant."""
     picked = [i for i, m in enumerate(matches) if m is not None]
+    with_skills = "skills" in router.CONTEXT_BLOCKS[context]  # skill text: by the turn's env and task type
     requests = [TeacherRequest(turns[i].user_text,
-                               router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature),
+                               router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature,
+                                                      router.skill_text(turns[i].task.env, turns[i].task.task_type)
+                                                      if with_skills else ""),
                                turns[i].response_ids, turns[i].allowed) for i in picked]
     scored, stats = score(tokenizer, requests, cfg, scorer)
     teacher_lp: list[list[float] | None] = [None] * len(turns)

@@ -39,6 +39,20 @@ from scale.distributed import (World, full_optimizer_state_dict, full_state_dict
 CHECKSUMS = "checksums.sha256"
 
 
+def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
+    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
+    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = [f"{where}{k}" for k in values if k not in names]
+    for name in names & set(values):
+        cur, v = getattr(obj, name), values[name]
+        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
+            unknown += fill_dataclass(cur, v, f"{where}{name}.")
+        else:
+            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
+    return unknown
+
+
 def step_of(path: Path) -> int | None:
     m = re.fullmatch(r"step_(\d{6,})", path.name)
     return int(m.group(1)) if m else None
@@ -263,3 +277,10 @@ def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
         else:
             setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
     return unknown
+
+
+def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
+    """Every step's randomness derives from (seed, step, rank), so a resumed run replays the same numbers."""
+    torch.manual_seed(seed * 1_000_003 + step * 101 + rank)
+    np.random.seed((seed * 1_000_003 + step * 101 + rank) % 2**32)
+    return random.Random(f"{seed}-{step}-{rank}")

@@ -30,6 +30,11 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("save_every", _int(1)),
     ("keep_checkpoints", _int(1)),
     ("archive_max_turns", _int(0)),
+    ("eval_every", _int(0)),
+    ("eval_tasks", _int(0)),
+    ("eval_temperature", _real(0)),
+    ("router.history_window", _int(0)),  # None (the prompt's history length) passes
+    ("router.archive_size", _int(0)),
     ("rollout.tasks_per_step", _int(1)),
     ("rollout.group_size", (_int(2)[0], "an integer >= 2 (GRPO's baseline is the mean of a group)")),
     ("rollout.gen_batch_size", _int(1)),
@@ -46,7 +51,8 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("grpo.clip_ratio_c", _real(1)),
     ("grpo.kl_coef", _real(0)),
     ("grpo.entropy_coef", (math.isfinite, "a finite number")),
-    ("grpo.sd_coef", _real(0)),
+    ("grpo.sd_coef", _real(0)),  # None (the loss form's anchor value) passes
+    ("grpo.sd_gate_beta", _real(0)),
     ("grpo.max_grad_norm", _real(0, open_lo=True)),
     ("grpo.mini_batch_size", _int(1)),
     ("grpo.micro_batch_tokens", _int(1)),
@@ -62,6 +68,8 @@ def validate_config(cfg) -> None:
         value = cfg
         for part in name.split("."):
             value = getattr(value, part)
+        if value is None:  # a field left to --algo or to its form's default
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
             raise SystemExit(f"error: --{name.replace('_', '-')} {value!r} is out of range; allowed: {allowed}")
 

@@ -242,3 +242,59 @@ def test_plot_writes_pngs(tmp_path):
                    check=True, cwd=ROOT, timeout=300)
     for f in ("training_curves.png", "comparison_bars.png"):
         assert (tmp_path / "p" / f).stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------- as a user meets it
+
+def _task(i, task_type):
+    return envs.Task(f"alfworld/valid_seen/{i:03d}", task_type, "alfworld", f"/g/{i}")
+
+
+def test_limit_takes_a_seeded_type_stratified_subset_in_panel_order():
+    types = ["look_at_obj_in_light"] * 13 + ["pick_and_place_simple"] * 5 + ["pick_two_obj_and_place"] * 4
+    panel = [_task(i, t) for i, t in enumerate(types)]
+    sub = envs.stratified_subset(panel, 6, seed=0)
+    assert sorted(t.task_type for t in sub) == sorted(["look_at_obj_in_light", "pick_and_place_simple",
+                                                       "pick_two_obj_and_place"] * 2)
+    assert sub == sorted(sub, key=panel.index)  # the panel's pinned order
+    assert sub == envs.stratified_subset(panel, 6, seed=0)  # deterministic for a seed
+    assert any(envs.stratified_subset(panel, 6, seed=s) != sub for s in range(1, 6))  # and drawn by it
+    assert sub != panel[:6]  # not the first N (13 of one type come first)
+    assert len(envs.stratified_subset(panel, 7, seed=0)) == 7
+    assert envs.stratified_subset(panel, 0, seed=0) == panel == envs.stratified_subset(panel, 99, seed=0)
+
+
+def _eval_error(*flags, env=None) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "eval", *flags], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_user_errors_are_one_line_naming_flags_evaluate_has(tmp_path):
+    line = _eval_error("--checkpoint", "tiny-agent", "--output", str(tmp_path / "x"))
+    assert "not a checkpoint folder" in line and "--baseline tiny-agent" in line
+    line = _eval_error("--preset", "tiny", "--baseline", "tiny", "--split", "valid_seen")
+    assert "--alfworld-source official" in line
+    line = _eval_error("--preset", "tiny", "--baseline", "tiny", "--split", "valid_seen", "--alfworld-source",
+                       "official", "--alfworld-data-dir", str(tmp_path / "nowhere"))
+    assert "--alfworld-data-dir" in line and "--alfworld.data-dir" not in line and "--alfworld.source" not in line
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_an_embedded_baseline_alone_gets_its_own_preset_not_the_full_size_defaults():
+    for name, preset in (("tiny-agent", "learn"), ("tiny-agent-quick", "tiny")):
+        cfg = evaluate.eval_config(evaluate.EvalArgs(baseline=name))
+        want = smrc.PRESETS[preset]()
+        assert (cfg.alfworld.require_think, cfg.alfworld.max_steps, cfg.rollout.action_space) == \
+            (False, want.alfworld.max_steps, "admissible")
+    assert evaluate.eval_config(evaluate.EvalArgs(baseline="Qwen/Qwen3-1.7B")).alfworld.require_think  # unchanged
+
+
+def test_audit_text_puts_the_papers_numbers_beside_ours():
+    rows = [{"structured": {"ref": "r", "position": 0, "candidate": "a"}, "history_match": None, "match": None}] * 2
+    text = audits.format_audit(audits.matcher_comparison(rows), {})
+    assert "covers 100.0% of turns (2) [paper 20.2%]" in text
+    assert "[paper 98.8%]" in text and "[paper 75.4%]" in text and "[paper 99.4%]" in text

@@ -180,3 +180,86 @@ def test_grad_checkpointing_auto_is_on_for_large_models_on_cuda_only():
     assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="on"), small, cpu)
     assert not grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="off"), large, cuda)
     assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing=True), small, cpu)  # an older config.json
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The four L_SD forms against hand-computed values and gradients (anchors.md §2.2, §10.5-10.6)
+
+def _one_token(form, p_student, p_teacher, p_old, beta=5.0):
+    """ℓ and dℓ/dlog π_θ of one distilled token with the given probabilities."""
+    logp = torch.tensor([[math.log(p_student)]], requires_grad=True)
+    sd, gate = grpo.sd_losses(logp, torch.tensor([[math.log(p_old)]]), torch.tensor([[math.log(p_teacher)]]),
+                              torch.ones(1, 1), form, beta)
+    sd.sum().backward()
+    return float(sd.detach()), float(logp.grad), float(gate)
+
+
+@pytest.mark.parametrize("p_teacher", [0.5, 0.05])  # the teacher endorses the sampled token (Δ > 0), or not (Δ < 0)
+def test_sd_forms_match_hand_computed_values_and_gradients(p_teacher):
+    p, old = 0.2, 0.25                         # student prob of its sampled token; the sampling policy's
+    d = math.log(p_teacher) - math.log(p)      # Δ = log π_T − log π_θ
+    u, rho = -d, p / old                       # u = log π_θ − log π_T; ρ = π_θ / π_old = 0.8
+    # reverse-kl: ℓ = sg(−Δ)·log π_θ, gradient −Δ
+    val, grad, _ = _one_token("reverse-kl", p, p_teacher, old)
+    assert (val, grad) == pytest.approx((u * math.log(p), u), rel=1e-5)
+    # skill-sd: ℓ = ρ·k3, k3 = e^{−u} − 1 + u, ρ not detached: gradient ρ·k3 + ρ·(1 − e^{−u}) = ρ·u
+    val, grad, _ = _one_token("skill-sd", p, p_teacher, old)
+    assert (val, grad) == pytest.approx((rho * (math.exp(-u) - 1 + u), rho * u), rel=1e-5)
+    # sdar: ℓ = g·(log π_T − log π_θ), g = σ(5Δ) detached: gradient −g
+    g = 1 / (1 + math.exp(-5 * d))
+    val, grad, gate = _one_token("sdar", p, p_teacher, old)
+    assert (val, grad, gate) == pytest.approx((g * d, -g, g), rel=1e-5)
+    # grpo-opsd: the sdar form with g = 0.5
+    val, grad, gate = _one_token("grpo-opsd", p, p_teacher, old)
+    assert (val, grad, gate) == pytest.approx((0.5 * d, -0.5, 0.5), rel=1e-5)
+    # signs, as descent moves log π_θ by −grad: the KL forms follow the teacher, the likelihood forms always push up
+    for form in ("reverse-kl", "skill-sd"):
+        assert (_one_token(form, p, p_teacher, old)[1] < 0) == (d > 0)
+    for form in ("sdar", "grpo-opsd"):
+        assert _one_token(form, p, p_teacher, old)[1] < 0
+
+
+def test_skill_sd_importance_weight_is_capped_at_e10_and_its_gradient_then_stops():
+    val, grad, _ = _one_token("skill-sd", 0.9, 0.5, 1e-6)   # log π_θ − log π_old = 13.7 > 10
+    u = math.log(0.9 / 0.5)
+    k3 = math.exp(-u) - 1 + u
+    assert (val, grad) == pytest.approx((math.exp(10) * k3, math.exp(10) * (1 - math.exp(-u))), rel=1e-4)
+
+
+@pytest.mark.parametrize("form", list(grpo.SD_COEF))
+def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_tokens(form):
+    """Through loss_terms: λ defaults to the form's anchor value, an explicit --grpo.sd-coef wins, and a token that is
+    not distilled (teacher log-prob padded with 0, a padding-like student log-prob) has no loss, no gradient, no NaN."""
+    logp = torch.tensor([[math.log(0.2), -60.0]], requires_grad=True)
+    z = torch.zeros(1, 2)
+    teacher, mask = torch.tensor([[math.log(0.5), 0.0]]), torch.tensor([[1.0, 0.0]])
+    grads = []
+    for coef in (None, 0.5):
+        logp.grad = None
+        cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_loss=form, sd_coef=coef)
+        loss, terms = loss_terms(logp, logp.detach(), logp.detach(), teacher, mask, torch.zeros(1), z, cfg)
+        loss.sum().backward()
+        assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0 and float(terms["sd_loss"][0, 1].detach()) == 0
+        grads.append(float(logp.grad[0, 0]))
+    one = _one_token(form, 0.2, 0.5, 0.2)[1]  # on-policy: ρ = 1
+    assert grads == pytest.approx([grpo.SD_COEF[form] * one, 0.5 * one], rel=1e-5)
+
+
+def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
+    """Advantages 0, no KL, no entropy: only L_SD moves the weights. One distilled turn of 2 tokens, one GRPO-only
+    turn of 3: `distilled` gives the gradient of `all` times 5/2, and leaves GRPO-only batches alone."""
+    teacher = [math.log(0.6), math.log(0.1)]
+    samples = [Sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher), Sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
+    grads = {}
+    for norm in ("all", "distilled"):
+        m = ToyLM()
+        cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, sd_norm=norm)
+        grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), samples, cfg, pad_id=0)
+        grads[norm] = m.logits.grad.clone()
+    assert grads["all"].abs().sum() > 0
+    assert torch.allclose(grads["distilled"], grads["all"] * 5 / 2, rtol=1e-5)
+    # by hand for `all`: Σ over the 2 distilled tokens of (log π_θ − log π_T)·∇log π_θ(y) / 5, uniform π_θ = 1/5
+    p = torch.full((5,), 0.2)
+    expected = sum((math.log(0.2) - t) * (torch.nn.functional.one_hot(torch.tensor(y), 5) - p)
+                   for y, t in zip([0, 3], teacher)) / 5
+    assert torch.allclose(grads["all"], expected.float(), atol=1e-6)

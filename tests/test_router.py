@@ -8,8 +8,8 @@ import random
 import pytest
 
 from router import (
-    CONTEXT_BLOCKS, Match, ReferenceBank, Step, Trajectory, Turn, match_all, match_history,
-    match_structured, route, route_metrics, state_summary, teacher_context,
+    CONTEXT_BLOCKS, Match, ReferenceBank, Step, Trajectory, Turn, match_all, match_history, match_history_full,
+    match_structured, route, route_metrics, skill_text, state_summary, teacher_context,
 )
 
 
@@ -65,14 +65,14 @@ def test_structured_rematches_after_divergence_at_the_right_position():
         ("ref", 1, "take mug 1 from cabinet 1"), ("ref", 2, "go to coffeemachine 1")]
 
 
-def test_history_misses_a_state_reached_by_another_path_that_structured_finds():
-    matches = route(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0))
+def test_history_full_misses_a_state_reached_by_another_path_that_structured_finds():
+    matches = route(turns_of(DETOUR), bank_with(REF, DETOUR), "history-full", random.Random(0))
     assert positions(matches) == [("ref", 0, "go to cabinet 1"), None, None, None]
     # Following the reference's exact prefix is matched by history too, at the same positions as structured.
     follower = trajectory("f", [(S0, "o:middle", "go to cabinet 1"), (S1, "o:cabinet", "look")], success=False)
     both = [positions(route(turns_of(follower), bank_with(REF), m, random.Random(0)))
-            for m in ("history", "structured")]
-    assert both[0] == both[1] == [("ref", 0, "go to cabinet 1"), ("ref", 1, "take mug 1 from cabinet 1")]
+            for m in ("history-full", "history", "structured")]
+    assert both[0] == both[1] == both[2] == [("ref", 0, "go to cabinet 1"), ("ref", 1, "take mug 1 from cabinet 1")]
 
 
 def test_repeated_reference_state_matches_its_last_occurrence():
@@ -135,13 +135,82 @@ def test_all_and_none():
 
 def test_never_self_reference():
     bank = bank_with(REF)
-    for matcher in ("structured", "history", "all", "random", "none"):
+    for matcher in ("structured", "history", "history-full", "all", "random", "none"):
         assert route(turns_of(REF), bank, matcher, random.Random(0)) == [None] * 4
     # Even when handed directly to a matcher.
-    assert match_structured(turns_of(REF)[1], [REF]) is None and match_history(turns_of(REF)[1], [REF]) is None
+    assert match_structured(turns_of(REF)[1], [REF]) is None and match_history_full(turns_of(REF)[1], [REF]) is None
+    assert match_history(turns_of(REF)[1], [REF], REF.steps[:1], 2) is None
     twin = Trajectory("t0", "twin", REF.steps, True, REF.final_observation)
     matches = route(turns_of(REF), bank_with(REF, twin), "structured", random.Random(0))
     assert [m.ref.traj_id for m in matches] == ["twin"] * 4
+
+
+# The prompt's view: the student opens a drawer first, then does what the reference does. From the coffee machine on,
+# its last two (observation, action) pairs and its observation are the reference's at position 3, so the windowed
+# history matcher (h = 2) matches there; the state differs (drawer 1 is open), so structured does not, and the full
+# prefix differs, so history-full cannot either.
+OPEN = ("drawer 1",)
+LOOKALIKE = trajectory("look", [
+    (S0, "o:middle", "go to drawer 1"), (D, "o:drawer", "open drawer 1"),
+    (alf(DRAWER, opened=OPEN), "o:opened", "go to cabinet 1"),
+    (alf(CAB, opened=OPEN), "o:cabinet", "take mug 1 from cabinet 1"),
+    (alf(CAB, holding=("mug 1",), opened=OPEN), "o:took", "go to coffeemachine 1"),
+    (alf(COFFEE, holding=("mug 1",), opened=OPEN), "o:coffee", "put mug 1 in/on coffeemachine 1")], success=False)
+
+
+def test_windowed_history_can_disagree_with_structured_where_the_full_prefix_cannot():
+    bank = bank_with(REF, LOOKALIKE)
+    turns = turns_of(LOOKALIKE)
+    got = {m: positions(route(turns, bank, m, random.Random(0), window=2))
+           for m in ("history", "history-full", "structured")}
+    start = [("ref", 0, "go to cabinet 1")]
+    assert got["history"] == start + [None] * 4 + [("ref", 3, "put mug 1 in/on coffeemachine 1")]
+    assert got["structured"] == got["history-full"] == start + [None] * 5
+    # h = 1 sees even less of the past: the take-mug turn looks like the reference's too
+    assert positions(route(turns, bank, "history", random.Random(0), window=1)) == \
+        start + [None] * 3 + [("ref", 2, "go to coffeemachine 1"), ("ref", 3, "put mug 1 in/on coffeemachine 1")]
+    # a window reaching back to the drawer sees the difference
+    assert positions(route(turns, bank, "history", random.Random(0), window=4)) == start + [None] * 5
+    # and the other direction (test above): a state reached by another path is found by structured, not by history
+    assert positions(route(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0), window=2))[2] is None
+    # the window is the student's own earlier turns, read from the batch whatever their order
+    assert route(turns[::-1], bank, "history", random.Random(0), window=2)[::-1] == \
+        route(turns, bank, "history", random.Random(0), window=2)
+
+
+def test_every_distils_each_turn_with_or_without_a_reference_and_first_restricts_references():
+    other = trajectory("u", [(alf(MIDDLE, task="t1"), "", "look")] * 2, task="t1", success=False)
+    bank = bank_with(REF, DETOUR, other)
+    turns = turns_of(DETOUR) + turns_of(other)
+    matches = route(turns, bank, "every", random.Random(0))
+    assert positions(matches[:4]) == positions(route(turns_of(DETOUR), bank, "all", random.Random(0)))
+    assert matches[4:] == [Match(None, -1, "")] * 2
+    metrics = route_metrics(turns, matches, bank)
+    assert (metrics["router/matched_turns"], metrics["router/matched_turns/group"],
+            metrics["router/matched_turns/none"]) == (6.0, 4.0, 2.0)
+    # references = first: only the one FullPath-SD shows (c, the shortest), so states only `a` holds go unmatched
+    a = trajectory("a", [(S0, "", "go to cabinet 1"), (S2, "", "go to coffeemachine 1")])
+    c = trajectory("c", [(S0, "", "go to drawer 1")])
+    student = trajectory("s", [(S0, "", "x"), (S2, "", "y")], success=False)
+    bank = bank_with(a, c, student)
+    assert positions(route(turns_of(student), bank, "structured", random.Random(0))) == [
+        ("c", 0, "go to drawer 1"), ("a", 1, "go to coffeemachine 1")]
+    assert positions(route(turns_of(student), bank, "structured", random.Random(0), references="first")) == [
+        ("c", 0, "go to drawer 1"), None]
+
+
+def test_route_metrics_count_matches_by_reference_source():
+    bank = ReferenceBank(archive_size=4)
+    bank.add_group([trajectory("old", REF_PATH_ALF_SHORT)])
+    bank.add_group([])  # "old" moves to the archive
+    bank.add_planner(trajectory("plan", REF_PATH_ALF_SHORT, task="t2"))
+    turns = [Turn("t0", "s", 0, Step(S0, "", "", "")), Turn("t2", "s2", 0, Step(S0, "", "", ""))]
+    m = route_metrics(turns, route(turns, bank, "structured", random.Random(0)), bank)
+    assert (m["router/matched_turns/archive"], m["router/matched_turns/planner"], m["router/matched_turns/group"]) \
+        == (1.0, 1.0, 0.0)
+
+
+REF_PATH_ALF_SHORT = [(S0, "o:middle", "go to cabinet 1")]
 
 
 # ---------------------------------------------------------------------------------------------- bank
@@ -198,7 +267,9 @@ def test_route_metrics():
     bank = bank_with(REF, DETOUR)
     turns = turns_of(DETOUR) + turns_of(short("q", 2, task="t1"))
     metrics = route_metrics(turns, route(turns, bank, "structured", random.Random(0)), bank)
-    assert metrics == {"router/matched_turns": 3.0, "router/turns_with_reference": 4.0}  # the rate: smrc.log_step
+    assert metrics == {"router/matched_turns": 3.0, "router/turns_with_reference": 4.0,  # the rate: log_step
+                       "router/matched_turns/group": 3.0, "router/matched_turns/archive": 0.0,
+                       "router/matched_turns/planner": 0.0, "router/matched_turns/none": 0.0}
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -263,7 +334,7 @@ def test_teacher_context_exact_text(variant, blocks):
 
 
 def test_teacher_context_needs_the_match_for_the_candidate():
-    assert set(CONTEXT_BLOCKS) == {"fullpath", "summary", "candidate", "full"}
+    assert set(CONTEXT_BLOCKS) == {"fullpath", "summary", "candidate", "full", "skill"}
     assert teacher_context("fullpath", REF, None, S2).startswith(TRAJ_TEXT)
     with pytest.raises(AssertionError):
         teacher_context("full", REF, None, S2)
@@ -291,7 +362,7 @@ def _random_batch(seed: int):
 def test_route_equals_the_matchers_applied_turn_by_turn():
     """`route` indexes every reference once and sorts the references once per task: the same matches as each
     matcher applied to each turn with bank.references (the definition), on random batches."""
-    naive = {"structured": match_structured, "history": match_history, "all": match_all}
+    naive = {"structured": match_structured, "history-full": match_history_full, "all": match_all}
     for seed in range(20):
         turns, bank = _random_batch(seed)
         refs = [bank.references(t.task_id, exclude_traj_id=t.traj_id) for t in turns]
@@ -305,3 +376,21 @@ def test_route_equals_the_matchers_applied_turn_by_turn():
         with_ref = sum(any(r.traj_id != t.traj_id and r.steps for r in rs) for t, rs in zip(turns, refs))
         assert route_metrics(turns, [None] * len(turns), bank)["router/turns_with_reference"] == with_ref
     assert any(m is not None for m in route(turns, bank, "structured", random.Random(0)))
+
+
+ALF_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+             "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
+
+
+def test_skill_context_is_general_then_task_type_skill_for_every_type():
+    general = skill_text("alfworld", ALF_TYPES[0]).split("\n\n")[0]
+    texts = {t: skill_text("alfworld", t) for t in ALF_TYPES}
+    assert len(set(texts.values())) == 6 and all(x.startswith(general + "\n\n") for x in texts.values())
+    assert "sinkbasin" in texts["pick_clean_then_place_in_recep"] and "fridge" in texts["pick_cool_then_place_in_recep"]
+    assert skill_text("webshop", "webshop").startswith("General skills for web shopping")
+    ctx = teacher_context("skill", None, Match(None, -1, ""), S2, texts[ALF_TYPES[1]])
+    assert ctx == "[Privileged: skills for this kind of task]\n" + texts[ALF_TYPES[1]] + "\n\n" + CLOSING
+    with pytest.raises(FileNotFoundError):
+        skill_text("alfworld", "no_such_type")
+    with pytest.raises(AssertionError):  # a trajectory context without a reference
+        teacher_context("fullpath", None, None, S2)

@@ -86,7 +86,8 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
     with EnvPool(cfg.alfworld, 0) as pool:
         eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg, tag="t", show_progress=False)
     markers = [router.SUMMARY_TEMPLATE.split("\n")[0], router.CANDIDATE_TEMPLATE.split("\n")[0][:20],
-               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.CLOSING_TEMPLATE, "('task',", "signature"]
+               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.SKILL_TEMPLATE.split("\n")[0], "General skills",
+               router.CLOSING_TEMPLATE, "('task',", "signature"]
     for t in (t for e in eps for t in e.turns):
         assert not any(m in t.user_text for m in markers), t.user_text
         assert tok.decode(t.prompt_ids) .count("<|im_start|>user") == 1
@@ -116,6 +117,52 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     assert (cfg.matcher, cfg.context) == ("structured", "fullpath")
     cfg = smrc.parse_config(["--preset", "tiny", "--algo", "smrc-sd"])
     assert (cfg.matcher, cfg.context, cfg.model) == ("structured", "full", "tiny-agent-quick")
+    table = {a: (smrc.parse_config(["--algo", a]).matcher, smrc.parse_config(["--algo", a]).context,
+                 smrc.parse_config(["--algo", a]).sd_loss) for a in ("skill-sd", "sdar", "grpo-opsd")}
+    assert table == {"skill-sd": ("every", "skill", "skill-sd"), "sdar": ("every", "skill", "sdar"),
+                     "grpo-opsd": ("every", "skill", "grpo-opsd")}
+    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "fullpath"])  # a trajectory context: FullPath routing
+    assert (cfg.matcher, cfg.context, cfg.sd_loss) == ("all", "fullpath", "sdar")
+    cfg = smrc.parse_config(["--algo", "smrc-sd", "--grpo.sd-loss", "skill-sd"])
+    assert (cfg.matcher, cfg.sd_loss) == ("structured", "skill-sd")
+    with pytest.raises(SystemExit, match="^error: --router.matcher every .* --router.context full needs"):
+        smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
+
+
+def _distils_every_turn(rows: list[dict]) -> None:
+    for r in rows:
+        assert r["router/match_rate"] == 1.0 and r["sd/distilled_turns"] > 0
+        assert r["sd/distilled_turns"] == r["router/matched_turns"] - r["sd/over_length_turns"]
+        assert r["actor/optimizer_steps"] >= 1 and r["sd/teacher_tokens"] > 0
+
+
+def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
+    """--algo skill-sd: every turn distilled under the skill context with the rho*k3 form; --eval-every 1 on a
+    2-task panel logs a validation row after each step and keeps the best weights."""
+    proc = run(*FAST, "--algo", "skill-sd", "--steps", "2", "--save-every", "2", "--eval-every", "1",
+               "--eval-tasks", "2", "--output-dir", str(tmp_path))
+    assert "matcher=every context=skill L_SD=skill-sd" in proc.stdout
+    rows = metrics(tmp_path)
+    train, val = [r for r in rows if "val/success_rate" not in r], [r for r in rows if "val/success_rate" in r]
+    assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [1, 2]
+    _distils_every_turn(train)
+    assert all(r["actor/sd_gate"] == 1.0 for r in train)  # no gate in this form
+    for r in val:
+        assert r["val/tasks"] == 2 and r["val/temperature"] == 0.4 and 0.0 <= r["val/success_rate"] <= 1.0
+        assert len([k for k in r if k.startswith("val/success/")]) == 2  # stratified: two task types
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["step"] in (1, 2) and best["val/success_rate"] == max(r["val/success_rate"] for r in val)
+    assert (tmp_path / "best" / "model.safetensors").exists() and (tmp_path / "best" / "smrc_config.json").exists()
+
+
+def test_sdar_trains_two_steps(tmp_path):
+    proc = run(*FAST, "--algo", "sdar", "--steps", "2", "--save-every", "2", "--output-dir", str(tmp_path))
+    assert "matcher=every context=skill L_SD=sdar" in proc.stdout
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    _distils_every_turn(rows)
+    assert all(0.0 < r["actor/sd_gate"] < 1.0 for r in rows)  # σ(5·Δ) gate
+    assert json.loads((tmp_path / "config.json").read_text())["algo"] == "sdar"
 
 
 def test_help_documents_every_section():
@@ -150,6 +197,12 @@ BAD_CONFIG = [  # (flags, the flag the error names)
     (["--grpo.max-grad-norm", "0"], "--grpo.max-grad-norm"),
     (["--rollout.sampling.temperature", "0"], "--rollout.sampling.temperature"),
     (["--alfworld.max-steps", "0"], "--alfworld.max-steps"),
+    (["--eval-every", "-1"], "--eval-every"),
+    (["--eval-temperature", "nan"], "--eval-temperature"),
+    (["--router.history-window", "-1"], "--router.history-window"),
+    (["--router.archive-size", "-1"], "--router.archive-size"),
+    (["--grpo.sd-coef", "-0.1"], "--grpo.sd-coef"),
+    (["--grpo.sd-gate-beta", "inf"], "--grpo.sd-gate-beta"),
 ]
 
 
@@ -220,3 +273,14 @@ def test_resume_from_a_corrupt_checkpoint_names_the_file_and_the_intact_one(smrc
     assert [r["step"] for r in metrics(run_dir)] == [1, 2] and "steps 1->2" in proc.stdout
     assert (run_dir / "step_000002.after_step_1" / "model.safetensors").exists()  # set aside, not deleted
     assert len(list(run_dir.glob("metrics.after_step_1*.jsonl"))) == 1
+
+
+def test_data_and_model_are_checked_before_the_config_dump(tmp_path):
+    for flags, expected in [(["--alfworld.source", "official"], "ALFWORLD_DATA"),
+                            (["--model", str(tmp_path / "no-model")], "--model")]:
+        out = tmp_path / flags[-1].replace("/", "_")
+        proc = run("--preset", "tiny", *flags, "--output-dir", str(out), env={"ALFWORLD_DATA": str(tmp_path / "no")},
+                   check=False)
+        assert proc.returncode != 0 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and '"preset"' not in proc.stdout  # no config dump
+        assert not out.exists()  # no config.json for a run that never starts

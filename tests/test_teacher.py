@@ -67,3 +67,29 @@ def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     over = [i for i, n in enumerate(lengths) if n > budget]
     assert stats["sd/over_length_turns"] == len(over) == 1
     assert all((lp is None) == (i in over) for i, lp in enumerate(scored))
+
+
+def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny):
+    """teacher_signal with the skill context: each turn's teacher prompt holds its own task type's skill file (and the
+    environment's general one), a turn matched without a reference (matcher `every`) is distilled, None is not."""
+    from types import SimpleNamespace
+
+    import envs
+    import router
+    model, tok = tiny
+    seen = []
+
+    def scorer(prompts, responses, allowed=None):
+        seen.extend(tok.decode(p) for p in prompts)
+        return [[-1.0] * len(r) for r in responses]
+    types = ["pick_heat_then_place_in_recep", "look_at_obj_in_light", "pick_two_obj_and_place"]
+    turns = [SimpleNamespace(task=envs.Task(f"t{i}", tt, "alfworld", ""), user_text=f"student prompt {i}",
+                             signature=(), response_ids=[5, 6], sample_logprobs=[-2.0, -2.0], allowed=None)
+             for i, tt in enumerate(types)]
+    matches = [router.Match(None, -1, ""), router.Match(None, -1, ""), None]
+    lp, stats = teacher.teacher_signal(turns, matches, "skill", tok, TeacherConfig(), scorer)
+    assert lp == [[-1.0, -1.0], [-1.0, -1.0], None] and stats["sd/distilled_turns"] == 2
+    assert len(seen) == 2
+    for text, tt, other in zip(seen, types, types[1:]):
+        assert router.skill_text("alfworld", tt) in text and router.skill_text("alfworld", other) not in text
+        assert text.index(router.SKILL_TEMPLATE.split("\n")[0]) < text.index("student prompt")

@@ -1,0 +1,115 @@
+"""What a training run reports: one metrics row per step, reduced over every rank (`log_step`), and the in-loop
+validation on a fixed panel every `--eval-every` steps (`validate`), whose best row keeps a copy of its weights
+(`save_best`).
+
+Validation (the anchors' `_validate`, verl-agent / SDAR: every 5 steps, temperature 0.4): the panel is fixed for the
+whole run (`envs.stratified_subset` of the eval split, seeded by the run's seed), one attempt per task at
+`--eval-temperature`, under a torch seed derived from (seed, step), through rollout.collect_rollouts (ordinary prompts
+only). Its row goes to metrics.jsonl as {"step", "val/success_rate", "val/score", "val/success/<type>", ...}, so
+"best during training" and "final" can both be reported from the same file; the weights of the best row so far are
+kept in output_dir/best/ (loadable with from_pretrained, with best.json naming its step and numbers).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import rollout
+from scale.distributed import full_state_dict, unwrap
+
+
+def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank) -> None:
+    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it, print."""
+    def total(key, sub):
+        return sum(r[key][sub] for r in everyone)
+    stats = [st for r in everyone for st in r["rollout"]]
+    n_turns = sum(len(st.turns) for st in stats)
+    counters = {k: total("counters", k) for k in everyone[0]["counters"]}
+    dt = max(r["times"]["step_s"] for r in everyone)
+    dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
+                                    cfg.archive_max_turns) if cfg.archive_max_turns else 0
+    m = {"step": step, **rollout.rollout_metrics(stats, counters),
+         "router/match_rate": total("route", "router/matched_turns") / max(n_turns, 1),
+         **{k: total("route", k) for k in everyone[0]["route"]}, **bank.metrics(),
+         "sd/distilled_turns": total("sd", "sd/distilled_turns"),
+         "sd/distilled_share": total("sd", "sd/distilled_turns") / max(n_turns, 1),
+         "sd/distilled_tokens": total("sd", "sd/distilled_tokens"),
+         "sd/over_length_turns": total("sd", "sd/over_length_turns"),
+         "sd/teacher_tokens": total("sd", "sd/teacher_tokens"),
+         "sd/teacher_time_s": max(r["sd"]["sd/teacher_time_s"] for r in everyone),
+         "sd/teacher_minus_student_logp": (total("sd", "sd/gap_sum") / total("sd", "sd/distilled_tokens")
+                                           if total("sd", "sd/distilled_tokens") else float("nan")),
+         **actor, "time/step_s": dt, "time/generate_s": max(r["counters"]["gen_s"] for r in everyone),
+         "time/env_s": max(r["counters"]["env_s"] for r in everyone),
+         "time/env_share": max(r["counters"]["env_s"] for r in everyone) / dt,
+         "time/update_s": max(r["times"]["update_s"] for r in everyone),
+         "time/peak_gpu_mem_gb": max(r["times"]["peak_mem_gb"] for r in everyone),
+         "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(m) + "\n")
+    print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
+          f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
+          f"gap {m['sd/teacher_minus_student_logp']:.3f} | {dt:.1f}s (env {m['time/env_share']:.0%})"
+          + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
+          flush=True)
+
+
+def validate(cfg, engine, pool, tokenizer, panel: list, step: int, world) -> dict | None:
+    """One attempt per panel task (each rank plays its shard) at cfg.eval_temperature; the row on rank 0 (else
+    None), also appended to metrics.jsonl there."""
+    t0 = time.perf_counter()
+    vcfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=1))
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, temperature=cfg.eval_temperature)
+    torch.manual_seed(cfg.seed * 1_000_003 + step * 101 + 7 + world.rank)
+    try:
+        eps, _ = rollout.collect_rollouts(engine, pool, tokenizer, world.shard(panel), vcfg,
+                                          tag=f"val{step}r{world.rank}", show_progress=False)
+    finally:
+        engine.cfg = saved
+    done = [(e.task.task_type, float(e.won), e.score, len(e.turns)) for e in eps]
+    done = [d for part in world.gather(done) for d in part]
+    if not world.is_main:
+        return None
+    row = {"step": step, "val/success_rate": float(np.mean([d[1] for d in done])),
+           "val/score": float(np.mean([d[2] for d in done])), "val/turns": float(np.mean([d[3] for d in done])),
+           "val/tasks": len(done), "val/temperature": cfg.eval_temperature, "time/val_s": time.perf_counter() - t0}
+    for tt in sorted({d[0] for d in done}):
+        row[f"val/success/{tt}"] = float(np.mean([d[1] for d in done if d[0] == tt]))
+    with open(Path(cfg.output_dir) / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"val {step}/{cfg.steps} | success {row['val/success_rate']:.3f} | score {row['val/score']:.3f} on "
+          f"{len(done)} tasks at T={cfg.eval_temperature}", flush=True)
+    return row
+
+
+def save_best(out: Path, model, tokenizer, cfg, row: dict | None, world) -> bool:
+    """If `row` beats best.json's (success rate, then score; ties keep the earlier step), write the weights to
+    out/best/ (a temporary folder renamed into place) and best.json. Collective under torchrun (the full weights
+    are gathered on every rank); rank 0 decides and writes. Returns whether it was written."""
+    best = out / "best.json"
+    better = False
+    if world.is_main:
+        old = json.loads(best.read_text()) if best.exists() else None
+        key = (lambda r: (r["val/success_rate"], r["val/score"]))
+        better = old is None or key(row) > key(old)
+    better = bool(world.gather(better)[0])
+    if not better:
+        return False
+    weights = full_state_dict(model)
+    if world.is_main:
+        tmp, final = out / ".tmp_best", out / "best"
+        shutil.rmtree(tmp, ignore_errors=True)
+        unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        best.write_text(json.dumps(row, indent=1))
+    return True
