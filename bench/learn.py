@@ -37,7 +37,7 @@ class LearnArgs:
     """algorithms compared (same warm start, same budget)"""
     seeds: tuple[int, ...] = (0, 1, 2)
     """seeds per algorithm"""
-    steps: int = 20
+    steps: int = 8
     """RL steps per run"""
     model: str = "tiny-agent"
     """the warm start every run starts from (tiny-agent-quick for smoke runs)"""
@@ -52,12 +52,13 @@ class LearnArgs:
     train_games: int = 320
     """training games (the warm start's games)"""
     eval_games: int = 200
-    """held-out evaluation games"""
+    """held-out evaluation games: the learn preset's 200-game panel, or a type-stratified subset of it (evaluate.py
+    --limit, the same subset for every row)"""
     k: int = 4
     """sampled attempts per evaluation game (Avg@k, Pass@k)"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
-    workers: int = 1
+    workers: int = 2
     """runs (training + evaluation) in flight at once; with more than one, each child gets
     max(1, cores // workers) torch threads (on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices
     use a second thread poorly, and env workers overlap)"""
@@ -82,8 +83,7 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
               "--save-every", str(args.steps), "--output-dir", str(run), "--grpo.sd-coef", str(sd_coef),
               "--model", args.model, "--rollout.tasks-per-step", str(args.tasks_per_step),
               "--rollout.group-size", str(args.group_size),
-              "--alfworld.num-train-games", str(args.train_games), "--alfworld.num-eval-games",
-              str(args.eval_games), "--resume"], run / "train.log")
+              "--alfworld.num-train-games", str(args.train_games), "--resume"], run / "train.log")
     return run
 
 
@@ -119,6 +119,24 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
         for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
             row[key] = _mean_se([np.nanmean([m.get(key, np.nan) for m in ms]) for ms in metrics])
     return row
+
+
+def _per_task(args: LearnArgs, name: str) -> dict[str, float]:
+    """Success of every panel task averaged over its k attempts, from an evaluation's JSON."""
+    eps = json.loads((Path(args.out) / "eval" / f"{name}.json").read_text())["rows"][0]["episodes"]
+    by_task: dict[str, list[float]] = {}
+    for e in eps:
+        by_task.setdefault(e["task_id"], []).append(float(e["won"]))
+    return {t: float(np.mean(v)) for t, v in by_task.items()}
+
+
+def paired_gain(args: LearnArgs, runs: list[Path]) -> tuple[float, float]:
+    """Avg@k gain over the warm start on the same panel: per task, (mean over seeds of its success) − (its warm-start
+    success); mean ± SE over tasks. It carries the panel's sampling noise, which the SE over seeds does not see."""
+    before = _per_task(args, "warm-start")
+    after = [_per_task(args, r.name) for r in runs]
+    d = np.asarray([np.mean([a[t] for a in after]) - before[t] for t in sorted(before)])
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
 def markdown(rows: list[dict], k: int) -> str:
@@ -165,13 +183,17 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
     if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed, then mean ± SE over seeds
         gain = _mean_se([m[f"avg@{args.k}"] - before[f"avg@{args.k}"] for _, m in results["grpo"]])
     table = markdown(rows, args.k)
-    summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "wall_s": seconds,
+    paired = {name: paired_gain(args, [r for r, _ in rs]) for name, rs in results.items()}
+    summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
+               "wall_s": seconds,
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
     if gain:
         table += f"\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
+    for name, (g, se) in paired.items():
+        table += f"\n{name} gain over the warm start, avg@{args.k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     return table
 
 

@@ -32,6 +32,7 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd")
     assert 0.0 <= smrc["router/match_rate"][0] <= 1.0 and "sd/distilled_share" in smrc
     assert res["grpo_gain_avg@k"] is not None
+    assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd"} and -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
     assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
     for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0"):
