@@ -70,6 +70,8 @@ def test_gradients_split_over_two_ranks_equal_one_process(tiny, tmp_path):
 
 
 def _torchrun(*args, **kw):
+    from embedded.warmstart import resolve
+    resolve("tiny-agent-quick")  # the tiny preset's model, built here once: the timed torchrun run only loads it
     return subprocess.Popen([*TORCHRUN, str(ROOT / "smrc.py"), *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
