@@ -265,20 +265,6 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
     return state["step"]
 
 
-def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
-    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
-    names = {f.name for f in dataclasses.fields(obj)}
-    unknown = [f"{where}{k}" for k in values if k not in names]
-    for name in names & set(values):
-        cur, v = getattr(obj, name), values[name]
-        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
-            unknown += fill_dataclass(cur, v, f"{where}{name}.")
-        else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
-    return unknown
-
-
 def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
     """Every step's randomness derives from (seed, step, rank), so a resumed run replays the same numbers."""
     torch.manual_seed(seed * 1_000_003 + step * 101 + rank)
