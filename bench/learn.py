@@ -204,10 +204,6 @@ def main(args: LearnArgs) -> None:
     jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
     jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
              for a in args.algos if a != "grpo"]
-    greedy = _evaluate(args, args.model, "warm-start-greedy", checkpoint=False, greedy=True)
-    print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
-          f"{greedy['tasks']} held-out games)", flush=True)
-    before = _evaluate(args, args.model, "warm-start", checkpoint=False)
     results: dict[str, list] = {}
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
@@ -215,9 +211,14 @@ def main(args: LearnArgs) -> None:
         return run, _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
 
     table = ""
-    with ThreadPoolExecutor(args.workers) as ex:  # results are gathered in job order, whatever finishes first
-        for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, ex.map(train_and_evaluate, jobs)), total=len(jobs),
-                                                     desc="learn: runs"):
+    with ThreadPoolExecutor(args.workers) as ex:  # FIFO: the warm start's two evaluations first, then the runs
+        greedy_job = ex.submit(_evaluate, args, args.model, "warm-start-greedy", False, True)
+        before_job = ex.submit(_evaluate, args, args.model, "warm-start", False)
+        runs = ex.map(train_and_evaluate, jobs)  # results are gathered in job order, whatever finishes first
+        greedy, before = greedy_job.result(), before_job.result()
+        print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
+              f"{greedy['tasks']} held-out games)", flush=True)
+        for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
             name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
             results.setdefault(name, []).append((run, metrics))
             table = summarize(args, before, results, time.perf_counter() - t0, greedy)
