@@ -10,10 +10,14 @@ project's own `evaluate.py eval` of the run's final checkpoint on the same held-
 evaluated once as the "before" row. All runs of one algorithm differ only in the seed; no algorithm gets its own tuning.
 
 Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished evaluation (its
-JSON exists) is not repeated, so an interrupted sweep picks up where it stopped.
+JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished run needs only its
+`metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine from those small files
+(bench/results/learn_sweep/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
+weights (sha256), and a sweep with another build of it is refused.
 Writes OUT/results.json (every number), OUT/results.md (the table) and OUT/curves.png (training success vs step,
 mean ± standard error over seeds).
 """
+import hashlib
 import json
 import os
 import subprocess
@@ -26,6 +30,9 @@ from pathlib import Path
 import numpy as np
 import tyro
 from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from embedded.warmstart import resolve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = [0]  # torch threads per child process (0 = torch's default); set from --workers
@@ -74,8 +81,12 @@ def _run(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
 
 
+def _run_dir(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
+    return Path(args.out) / (f"{algo}-lam{sd_coef:g}-seed{seed}" if algo != "grpo" else f"grpo-seed{seed}")
+
+
 def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
-    run = Path(args.out) / (f"{algo}-lam{sd_coef:g}-seed{seed}" if algo != "grpo" else f"grpo-seed{seed}")
+    run = _run_dir(args, algo, seed, sd_coef)
     final = run / f"step_{args.steps:06d}"
     if not (final / "config.json").exists():
         run.mkdir(parents=True, exist_ok=True)
@@ -85,6 +96,21 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
               "--rollout.group-size", str(args.group_size),
               "--alfworld.num-train-games", str(args.train_games), "--resume"], run / "train.log")
     return run
+
+
+def check_warm_start(args: LearnArgs) -> str:
+    """Build the warm start here (all cores, before the pool) and pin OUT to it: the sha256 of its weights is written
+    to OUT/warm_start.json by the first sweep, and a later sweep into the same OUT with other weights (another build)
+    is refused, so runs of two warm starts never share a table."""
+    path = Path(resolve(args.model)) / "model.safetensors"
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    record = Path(args.out) / "warm_start.json"
+    if record.exists() and json.loads(record.read_text())["sha256"] != sha:
+        raise SystemExit(f"error: {args.out} holds runs from another build of {args.model} (weights sha256 "
+                         f"{json.loads(record.read_text())['sha256'][:12]}, this build {sha[:12]}); use a new --out")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"model": args.model, "sha256": sha}) + "\n")
+    return sha
 
 
 def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: bool = False) -> dict:
@@ -204,10 +230,13 @@ def main(args: LearnArgs) -> None:
     jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
     jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
              for a in args.algos if a != "grpo"]
+    print(f"[learn] warm start {args.model}: weights sha256 {check_warm_start(args)[:12]}", flush=True)
     results: dict[str, list] = {}
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
-        run = _train(args, *job)
+        run = _run_dir(args, *job)  # a finished run needs only its metrics and evaluation, not its checkpoints
+        if not ((run / "metrics.jsonl").exists() and (Path(args.out) / "eval" / f"{run.name}.json").exists()):
+            _train(args, *job)
         return run, _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
 
     table = ""

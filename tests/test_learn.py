@@ -5,9 +5,12 @@ The learning claim itself lives in the benchmark's output (README), not here.
 Run: pytest tests/test_learn.py -q
 """
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos", "grpo", "smrc-sd",
@@ -42,7 +45,21 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
         assert json.loads((tmp_path / "eval" / f"{run}.json").read_text())["k"] == 2
     assert "| smrc-sd | 1 |" in (tmp_path / "results.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")}
+    for ckpt in tmp_path.glob("*/step_*"):  # a finished run is its metrics + evaluation (a sweep carried elsewhere)
+        shutil.rmtree(ckpt)
     again = _learn(tmp_path)  # everything is done: nothing is retrained or re-evaluated
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
+
+
+def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import learn
+    args = learn.LearnArgs(model="tiny", out=str(tmp_path))
+    sha = learn.check_warm_start(args)  # first sweep into OUT: pins the weights
+    assert json.loads((tmp_path / "warm_start.json").read_text()) == {"model": "tiny", "sha256": sha}
+    assert learn.check_warm_start(args) == sha  # same build: accepted
+    (tmp_path / "warm_start.json").write_text(json.dumps({"model": "tiny", "sha256": "0" * 64}))
+    with pytest.raises(SystemExit, match="another build of tiny"):
+        learn.check_warm_start(args)
