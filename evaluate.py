@@ -239,7 +239,8 @@ def make_engine(name: str, cfg: smrc.Config, args: EvalArgs):
     """(engine, tokenizer) for one row: HFEngine over the loaded model, or a vLLM engine started from its folder."""
     if args.engine == "hf":
         model, tokenizer = load_any(name, resolve_device(args.device))
-        return HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size), tokenizer
+        return HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
+                        bf16=cfg.grpo.bf16), tokenizer  # the run's precision (bf16 autocast on CUDA only)
     if name == "smollm2":
         raise SystemExit("error: --engine vllm cannot start from the GGUF file of smollm2; use --engine hf")
     path = resolve(name)
