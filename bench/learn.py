@@ -65,6 +65,8 @@ class LearnArgs:
     """sampled attempts per evaluation game (Avg@k, Pass@k)"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
+    report_only: bool = False
+    """rewrite results.json / results.md / curves.png from the runs of OUT that have finished; start nothing"""
     workers: int = 2
     """runs (training + evaluation) in flight at once; with more than one, each child gets
     max(1, cores // workers) torch threads (on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices
@@ -96,6 +98,10 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
               "--rollout.group-size", str(args.group_size),
               "--alfworld.num-train-games", str(args.train_games), "--resume"], run / "train.log")
     return run
+
+
+def _finished(args: LearnArgs, run: Path) -> bool:
+    return (run / "metrics.jsonl").exists() and (Path(args.out) / "eval" / f"{run.name}.json").exists()
 
 
 def check_warm_start(args: LearnArgs) -> str:
@@ -230,12 +236,17 @@ def main(args: LearnArgs) -> None:
     jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
     jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
              for a in args.algos if a != "grpo"]
-    print(f"[learn] warm start {args.model}: weights sha256 {check_warm_start(args)[:12]}", flush=True)
+    if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
+        jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]
+        assert all((Path(args.out) / "eval" / f"{n}.json").exists() for n in ("warm-start", "warm-start-greedy")), \
+            f"{args.out} has no finished evaluation of the warm start"
+    else:
+        print(f"[learn] warm start {args.model}: weights sha256 {check_warm_start(args)[:12]}", flush=True)
     results: dict[str, list] = {}
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
         run = _run_dir(args, *job)  # a finished run needs only its metrics and evaluation, not its checkpoints
-        if not ((run / "metrics.jsonl").exists() and (Path(args.out) / "eval" / f"{run.name}.json").exists()):
+        if not _finished(args, run):
             _train(args, *job)
         return run, _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
 

@@ -51,6 +51,13 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
+    shutil.rmtree(tmp_path / "smrc-sd-lam0.3-seed0")  # --report-only: the table of what has finished, nothing run
+    report = subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(tmp_path),
+                             "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]] == \
+        ["warm start (before RL)", "grpo"]
+    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists()
 
 
 def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
