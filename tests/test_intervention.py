@@ -70,7 +70,9 @@ def test_policy_references_are_real_successes_and_the_fallback_is_counted(tiny):
     tasks = envs.load_tasks(games, "train")[:2]
     env = envs.make_env(dataclasses.replace(games, max_steps=10_000))
     solved = tasks[0]
-    plan = envs.plan(games, solved, [], 60.0).actions
+    planned = envs.plan(games, solved, [], 120.0)
+    assert planned.status == "ok", (planned.status, planned.message)
+    plan = planned.actions
     engine = PlanEngine(tok, {env.reset(solved).goal: plan})
     policy = intervention_states.policy_references(None, tok, tasks, dataclasses.replace(cfg, alfworld=games),
                                                    attempts=2, seed=0, engine=engine)
