@@ -4,15 +4,15 @@ Subcommands (one CLI; `python evaluate.py SUBCOMMAND --help` lists every flag):
   eval       fixed-panel evaluation of checkpoints (and an untrained baseline) side by side: Avg@k, Pass@k, success per
              ALFWorld task type, WebShop score and accuracy, response length, repeated 4-gram ratio, turns
   audit      matcher comparison and replay audit on a run's rollout archive (analysis/audits.py)
-  intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each context
-             (analysis/intervention.py)
+  intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each context, on
+             states built from the policy's own successes (analysis/intervention.py, intervention_states.py)
   plot       training curves and comparison bars from one or more runs' metrics.jsonl (analysis/plots.py; matplotlib)
 
 Usage:
   python evaluate.py eval --checkpoint runs/smrc/step_000150 --baseline Qwen/Qwen3-1.7B --split valid_unseen --k 4
   python evaluate.py eval --checkpoint runs/tiny/step_000010 --baseline tiny --split eval --k 4 --limit 3
   python evaluate.py audit --run runs/tiny --samples 100
-  python evaluate.py intervene --model smollm2 --num-tasks 12
+  python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24   # --references planner: the planner's
   python evaluate.py plot --run runs/a --run runs/b
 
 Panels: every task of the split, in the pinned order of envs.load_tasks, k sampled attempts each (`--limit N` keeps

@@ -1,2 +1,2 @@
-"""The paper's analyses behind `evaluate.py audit / intervene / plot`: audits.py, intervention.py, plots.py, each
-with its argument dataclass."""
+"""The paper's analyses behind `evaluate.py audit / intervene / plot`: audits.py, intervention.py (its
+states in intervention_states.py), plots.py, each with its argument dataclass."""

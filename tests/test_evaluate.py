@@ -1,11 +1,10 @@
-"""Tests of evaluate.py and its companions in analysis/ (audits.py, intervention.py, plots.py), CPU only.
+"""Tests of evaluate.py and its companions in analysis/ (audits.py, plots.py; intervention: tests/test_intervention.py),
+CPU only.
 
 - metrics: Avg@k / Pass@k and the repeated 4-gram ratio against hand-computed values;
 - matcher comparison on a constructed archive with known overlaps;
 - replay audit on an archive built from a real generated ALFWorld game and the planner: the correct candidate replays
   1/1, a corrupted candidate fails, a wrong archived signature is a restore failure (not a match failure);
-- intervention on the tiny model: finite numbers, CIs containing the mean, deterministic for a seed; the cached
-  action scorer equals a plain forward;
 - `evaluate.py eval` end to end through its CLI on a tiny-preset checkpoint (ALFWorld generated split and WebShop);
 - `evaluate.py plot` (skipped without matplotlib).
 
@@ -14,20 +13,18 @@ Run: .venv/bin/python -m pytest tests/test_evaluate.py -q
 import copy
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import envs
 import evaluate
 import rollout
 import smrc
-from analysis import audits, intervention
+from analysis import audits
 from environments.alfworld import AlfworldConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,44 +136,6 @@ def test_replay_audit_correct_candidate_replays_and_corrupted_fails(game):
     gap = [r for r in rows if r["turn"] != 1]  # an earlier turn missing from the archive
     missing = audits.replay_audit(gap, cfg, ("structured",), show_progress=False)["structured"]
     assert missing["prefix_missing"] == 1 and missing["audited"] == 0
-
-
-# ---------------------------------------------------------------------------------------------------- intervention
-
-def test_cached_action_scores_equal_a_plain_forward(tiny):
-    model, tok = tiny
-    prompt = tok.encode("You are at cabinet 1. <action>", add_special_tokens=False)
-    actions = [tok.encode(a, add_special_tokens=False) for a in ("go to fridge 1", "take mug 2 from cabinet 1", "look")]
-    got = intervention.action_logprobs(model.eval(), prompt, actions, chunk=2)
-    for a, lp in zip(actions, got):
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + a])).logits[0].float()
-        ref = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(-1, torch.tensor(a)[:, None]).squeeze(-1)
-        assert lp == pytest.approx(ref.tolist(), abs=1e-4)
-
-
-def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_path):
-    model, tok = tiny
-    args = intervention.InterveneArgs(num_tasks=2, matched_per_task=2, mismatched_per_task=1, tries_per_task=8,
-                                      bootstrap=200, output=str(tmp_path / "iv.json"))
-    first = intervention.run_intervention(model, tok, args)
-    assert first["states"]["matched"] == 4 and first["states"]["mismatched"] >= 1
-    assert first["mismatch_candidates_tried"] == first["states"]["mismatched"] + sum(
-        v for k, v in first["rejected"].items() if k != "no_reference")
-    for name, row in first["conditions"].items():
-        if not row["states"]:
-            continue
-        for key in ("delta_logp_sum", "delta_logp_per_token"):
-            b = row[key]
-            assert math.isfinite(b["mean"]), (name, key)
-            assert b["ci_states"][0] <= b["mean"] <= b["ci_states"][1], (name, key, b)
-            assert b["ci_tasks"][0] <= b["ci_tasks"][1]
-        assert 1 <= row["rank_context"] <= row["admissible"]
-    for st in first["state_list"]:
-        if st["kind"] == "mismatched":
-            assert st["correct"] not in st["reference_similar"]  # the reference is wrong from the similar points
-    second = intervention.run_intervention(model, tok, args)
-    assert second["conditions"] == first["conditions"] and second["differences"] == first["differences"]
 
 
 # ---------------------------------------------------------------------------------------------------- CLI end to end

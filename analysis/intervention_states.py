@@ -1,0 +1,242 @@
+"""The states of the fixed-state teacher intervention (analysis/intervention.py scores them): each task's reference,
+its matched states and its mismatched states, on ALFWorld games.
+
+References (`--references`):
+- policy (default, as in the paper, whose references are the policy's own successes): the model under test plays each
+  task up to `--attempts` times with the project's rollout code and the run's settings (rollout.collect_rollouts with
+  the preset's admissible action space, prompt and step limit, T = its sampling temperature). The attempts of a
+  task are sampled together; the lowest-numbered success is the reference, turned into a router.Trajectory by
+  rollout.to_trajectory as the trainer's reference bank does (smrc.py step 3). A task with no success falls back to
+  the planner's reference (`--no-success planner`, counted) or is left out (`--no-success skip`, counted).
+- planner: the PDDL planner's solution, replayed by rollout.reference (the omniscient planner walks straight to
+  hidden objects, unlike anything the policy or the warm start's observation-feasible expert does).
+
+States:
+- matched: the state after the reference's first j actions; the router's structured match on the reference gives
+  the position and the candidate, which is the correct action.
+- mismatched: states where the reference is actually wrong. From a random reference position j, take 1..detour_max
+  actions off the reference (the first differs from the reference's action at j; look/inventory/examine/help are
+  never taken), then keep the state only if (a) it matches no reference position (off the path), (b) the planner
+  solves it from there (its first action is the correct action, and it is admissible), and (c) that action differs
+  from every action the reference takes from a similar point: the reference positions whose signature shares the
+  largest number of non-task fields with the state (another object taken, subgoals in another order);
+  `--mismatch-rule anywhere` asks instead that the reference never takes it (the JSON marks, per state, whether the
+  correct action occurs elsewhere in the reference, i.e. a detour-and-return state). Rule (c) rejects the detours a
+  naive construction yields, where the reference's next action is still right and a teacher only has to copy it.
+  Every rejected candidate state is counted by reason.
+The student's prompt in a state is the training prompt (rollout.turn_prompt with the run's history length and
+require_think). The env step limit is lifted while building states (they are about the reference, not the budget).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm import tqdm
+
+import envs
+import rollout
+import router
+import smrc
+from environments.alfworld import AlfworldConfig, normalise_action
+from environments.pool import EnvPool
+from models import HFEngine
+
+if TYPE_CHECKING:  # the argument class lives with the entry point; imported for annotations only
+    from analysis.intervention import InterveneArgs
+
+
+@dataclass
+class State:
+    task: envs.Task
+    kind: str                  # matched | mismatched
+    actions: list[str]         # actions from reset that reach the state
+    user_text: str             # the student's training prompt in that state
+    signature: tuple
+    admissible: list[str]
+    correct: str               # the correct next action (admissible form)
+    ref: router.Trajectory     # the task's reference
+    match: router.Match | None  # matched states: the router's structured match
+    note: dict                 # how it was built (for the JSON)
+
+
+EXCLUDED = ("look", "inventory", "examine", "help")
+
+
+def games_config(args: InterveneArgs, cfg: smrc.Config) -> AlfworldConfig:
+    """The run's ALFWorld settings (step limit, prompt, think) on the games the intervention asks for (game i of a
+    split does not depend on how many are generated)."""
+    n = max(args.num_tasks, 1)
+    return dataclasses.replace(cfg.alfworld, source=args.source, room_size=args.room_size, num_train_games=n,
+                               num_eval_games=n)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# References
+
+
+def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: smrc.Config, attempts: int, seed: int,
+                      engine=None, tasks_per_batch: int = 4) -> dict[str, router.Trajectory]:
+    """{task_id: the first of `attempts` sampled episodes that won}, as router.Trajectory (rollout.to_trajectory, as
+    the trainer's bank). Envs run in-process: the model is already loaded, a fork would copy its threads. Batch b
+    samples under torch seed seed * 1_000_003 + b (evaluate.py's panels do the same)."""
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=attempts))
+    engine = engine or HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
+    refs = {}
+    pool = EnvPool(dataclasses.replace(cfg.env_cfg, game_cache_size=1), num_workers=0)  # a slot plays one game
+    try:
+        batches = [tasks[i:i + tasks_per_batch] for i in range(0, len(tasks), tasks_per_batch)]
+        for b, batch in enumerate(tqdm(batches, desc="policy references")):
+            torch.manual_seed(seed * 1_000_003 + b)
+            episodes, _ = rollout.collect_rollouts(engine, pool, tokenizer, batch, cfg, tag=f"policy{b}",
+                                                   show_progress=False)
+            for ep in episodes:  # attempts in order: traj_id policy{b}-{task}-{attempt}
+                if ep.won and ep.task.task_id not in refs:
+                    refs[ep.task.task_id] = rollout.to_trajectory(ep)
+    finally:
+        pool.close()
+    return refs
+
+
+def planner_reference(env, task: envs.Task, timeout_s: float) -> router.Trajectory | None:
+    p = envs.plan(env.cfg, task, [], timeout_s)
+    return rollout.reference(env, task, p.actions) if p.status == "ok" else None
+
+
+def task_references(policy: dict[str, router.Trajectory], env, tasks: list[envs.Task],
+                    args: InterveneArgs) -> tuple[dict[str, router.Trajectory], dict]:
+    """Each task's reference by `args.references` (`policy`: the policy's successes, from policy_references), and the
+    counts: policy successes, planner references (and how many of them are fallbacks for a task the policy never
+    solved), tasks skipped for want of a policy success, tasks with no reference at all."""
+    refs, counts = {}, {"policy": 0, "planner": 0, "planner_fallback": 0, "skipped_no_success": 0, "no_reference": 0}
+    for task in tasks:
+        if args.references == "policy" and task.task_id in policy:
+            refs[task.task_id] = policy[task.task_id]
+            counts["policy"] += 1
+            continue
+        if args.references == "policy" and args.no_success == "skip":
+            counts["skipped_no_success"] += 1
+            continue
+        ref = planner_reference(env, task, args.planner_timeout_s)
+        if ref is None:
+            counts["no_reference"] += 1
+            continue
+        refs[task.task_id] = ref
+        counts["planner"] += 1
+        counts["planner_fallback"] += args.references == "policy"
+    return refs, counts
+
+
+def reference_source(ref: router.Trajectory) -> str:
+    return "planner" if ref.traj_id.startswith("planner-") else "policy"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# States
+
+
+def _turn(task: envs.Task, ep: rollout.Episode) -> router.Turn:
+    """The student turn of the state `ep` reached, as the router sees it."""
+    return router.Turn(task.task_id, "student", len(ep.turns), router.Step(ep.signature, ep.history_key,
+                                                                           ep.observation, ""))
+
+
+def _prompt(ep: rollout.Episode, env_cfg: AlfworldConfig) -> str:
+    return rollout.turn_prompt(ep, "alfworld", env_cfg.history_length, env_cfg.require_think)  # the training prompt
+
+
+def matched_states(env, task, ref, args: InterveneArgs, rng: random.Random) -> list[State]:
+    out = []
+    for j in sorted(rng.sample(range(len(ref.steps)), min(args.matched_per_task, len(ref.steps)))):
+        actions = [s.action for s in ref.steps[:j]]
+        ep = rollout.replay(env, task, actions)
+        m = router.match_structured(_turn(task, ep), [ref])
+        assert m is not None, f"{task.task_id}: a state on the reference path must match it"
+        correct = normalise_action(m.candidate, ep.admissible)
+        if correct in ep.admissible:
+            out.append(State(task, "matched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct,
+                             ref, m, {"position": j, "matched_position": m.position}))
+    return out
+
+
+def _overlap(a: tuple, b: tuple) -> int:
+    return sum(x == y for (n, x), (_, y) in zip(a, b) if n != "task")
+
+
+def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str]) -> set[str]:
+    """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields)."""
+    scores = [_overlap(signature, s.signature) for s in ref.steps]
+    return {normalise_action(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
+
+
+def candidate_mismatch(env, task, ref, args: InterveneArgs, rng: random.Random) -> tuple[State | None, str]:
+    """One candidate mismatched state and, if rejected, why (module docstring, rules a-c)."""
+    j = rng.randrange(len(ref.steps))
+    actions = [s.action for s in ref.steps[:j]]
+    ep = rollout.replay(env, task, actions)
+    for d in range(rng.randint(1, args.detour_max)):
+        avoid = {normalise_action(ref.steps[j].action, ep.admissible)} if d == 0 else set()
+        options = [a for a in ep.admissible if not a.startswith(EXCLUDED) and a not in avoid]
+        if not options or ep.done:
+            return None, "episode_ended"
+        actions.append(rng.choice(options))
+        rollout.replay(env, task, actions[-1:], episode=ep)
+    if ep.done:
+        return None, "episode_ended"
+    if router.match_structured(_turn(task, ep), [ref]) is not None:
+        return None, "on_reference_path"
+    p = envs.plan(env.cfg, task, actions, args.planner_timeout_s)
+    if p.status != "ok" or not p.actions:
+        return None, f"planner_{p.status if p.status != 'ok' else 'empty'}"
+    correct = normalise_action(p.actions[0], ep.admissible)
+    if correct not in ep.admissible:
+        return None, "correct_not_admissible"
+    similar = similar_actions(ref, ep.signature, ep.admissible)
+    anywhere = {normalise_action(s.action, ep.admissible) for s in ref.steps}
+    if correct in (similar if args.mismatch_rule == "similar" else anywhere):
+        return None, "reference_action_correct"
+    note = {"branch_position": j, "detour": actions[j:], "planner_rest": p.actions,
+            "reference_similar": sorted(similar), "correct_elsewhere_in_reference": correct in anywhere}
+    return State(task, "mismatched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct, ref, None,
+                 note), ""
+
+
+def mismatched_states(env, task, ref, args: InterveneArgs, rng: random.Random, rejected: dict) -> list[State]:
+    """Up to `mismatched_per_task` distinct mismatched states of `args.tries_per_task` candidates; rejections are
+    counted in `rejected` by reason."""
+    kept, seen = [], set()
+    for _ in range(args.tries_per_task):
+        if len(kept) >= args.mismatched_per_task:
+            break
+        st, why = candidate_mismatch(env, task, ref, args, rng)
+        if st is not None and st.signature in seen:
+            st, why = None, "duplicate_state"
+        if st is None:
+            rejected[why] = rejected.get(why, 0) + 1
+            continue
+        seen.add(st.signature)
+        kept.append(st)
+    return kept
+
+
+def build_states(model, tokenizer, args: InterveneArgs,
+                 cfg: smrc.Config) -> tuple[list[State], dict, list[router.Trajectory], dict]:
+    """(states, rejected mismatch candidates by reason, references in task order, reference counts)."""
+    games = games_config(args, cfg)
+    tasks = envs.load_tasks(games, args.split)[:args.num_tasks]
+    env = envs.make_env(dataclasses.replace(games, max_steps=10_000, game_cache_size=2))
+    states, rejected = [], {}
+    try:
+        policy = policy_references(model, tokenizer, tasks, dataclasses.replace(cfg, env="alfworld", alfworld=games),
+                                   args.attempts, args.seed) if args.references == "policy" else {}
+        refs, counts = task_references(policy, env, tasks, args)
+        for task in tqdm([t for t in tasks if t.task_id in refs], desc="states"):
+            ref, rng = refs[task.task_id], random.Random(f"{args.seed}-{task.task_id}")
+            states += matched_states(env, task, ref, args, rng)
+            states += mismatched_states(env, task, ref, args, rng, rejected)
+    finally:
+        env.close()
+    return states, rejected, [refs[t.task_id] for t in tasks if t.task_id in refs], counts

@@ -1,0 +1,127 @@
+"""Tests of the fixed-state teacher intervention (analysis/intervention.py, analysis/intervention_states.py), CPU only.
+
+- the cached scorer equals a plain forward (free) and the trainer's own teacher scorer under the admissible mask
+  (restricted), so the intervention measures what the trainer's teacher computes;
+- policy references: a task the policy solves gets a reference that is a real success (it replays to a win through a
+  fresh env, with the same signatures); a task it never solves falls back to the planner (counted) or is skipped
+  (counted);
+- end to end on the tiny model: finite numbers, CIs containing the mean, every task accounted for, deterministic.
+
+Run: .venv/bin/python -m pytest tests/test_intervention.py -q
+"""
+import dataclasses
+import math
+import re
+
+import pytest
+import torch
+
+import envs
+import rollout
+import teacher
+from analysis import intervention, intervention_states
+from models import Generation, action_trie, allowed_per_position
+
+
+def test_cached_scores_equal_a_plain_forward_and_the_trainers_teacher(tiny):
+    model, tok = tiny
+    prompt = tok.encode("You are at cabinet 1. Your admissible actions", add_special_tokens=False)
+    admissible = ["go to fridge 1", "take mug 2 from cabinet 1", "look"]
+    responses = [intervention.fixed_response(tok, a) for a in admissible]
+    trie = action_trie(tok, [envs.action_response(a) for a in admissible])
+    allowed = [allowed_per_position(trie, r) for r in responses]
+    free, restricted = intervention.response_logprobs(model.eval(), prompt, responses, allowed, chunk=2)
+    scorer = teacher.hf_scorer(model, tok.pad_token_id, micro_batch_tokens=4096)
+    trainer = scorer([prompt] * len(responses), responses, allowed)
+    for r, f, lp, ref in zip(responses, free, restricted, trainer):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + r])).logits[0].float()
+        plain = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        assert f == pytest.approx(plain.tolist(), abs=1e-4)
+        assert lp == pytest.approx(ref, abs=1e-4)
+    assert math.exp(sum(sum(lp) for lp in restricted[:1])) < 1  # three responses share the mass
+    assert sum(math.exp(sum(lp)) for lp in restricted) == pytest.approx(1.0, abs=1e-4)  # a distribution over them
+
+
+class PlanEngine:
+    """A stand-in policy: plays the planner's solution of the task whose goal is in the prompt, 'look' otherwise."""
+
+    def __init__(self, tokenizer, plans: dict[str, list[str]]):
+        self.tokenizer, self.plans = tokenizer, plans
+
+    def generate(self, prompts, tries=None):
+        out = []
+        for ids in prompts:
+            text = self.tokenizer.decode(ids)
+            taken = re.search(r"already taken (\d+) step", text)
+            step = int(taken.group(1)) if taken else 0
+            plan = next((p for goal, p in self.plans.items() if goal in text), [])
+            action = plan[step] if step < len(plan) else "look"
+            response = intervention.fixed_response(self.tokenizer, action)
+            out.append(Generation(response, [0.0] * len(response), envs.action_response(action), False))
+        return out
+
+
+def test_policy_references_are_real_successes_and_the_fallback_is_counted(tiny):
+    _, tok = tiny
+    args = intervention.InterveneArgs(model="tiny", num_tasks=2, attempts=2)
+    cfg = intervention.run_config(args)
+    games = intervention_states.games_config(args, cfg)
+    tasks = envs.load_tasks(games, "train")[:2]
+    env = envs.make_env(dataclasses.replace(games, max_steps=10_000))
+    solved = tasks[0]
+    planned = envs.plan(games, solved, [], 120.0)
+    assert planned.status == "ok", (planned.status, planned.message)
+    plan = planned.actions
+    engine = PlanEngine(tok, {env.reset(solved).goal: plan})
+    policy = intervention_states.policy_references(None, tok, tasks, dataclasses.replace(cfg, alfworld=games),
+                                                   attempts=2, seed=0, engine=engine)
+    assert set(policy) == {solved.task_id}  # the other task's attempts only 'look'
+    ref = policy[solved.task_id]
+    assert ref.success and intervention_states.reference_source(ref) == "policy"
+    assert [s.action for s in ref.steps] == plan
+    replayed = rollout.replay(env, solved, [s.action for s in ref.steps])
+    assert replayed.won and [t.signature for t in replayed.turns] == [s.signature for s in ref.steps]
+
+    refs, counts = intervention_states.task_references(policy, env, tasks, args)
+    assert refs[solved.task_id] is ref
+    assert intervention_states.reference_source(refs[tasks[1].task_id]) == "planner"
+    assert (counts["policy"], counts["planner"], counts["planner_fallback"], counts["skipped_no_success"]) == \
+        (1, 1, 1, 0)
+    refs, counts = intervention_states.task_references(policy, env, tasks, dataclasses.replace(args, no_success="skip"))
+    assert set(refs) == {solved.task_id} and (counts["planner_fallback"], counts["skipped_no_success"]) == (0, 1)
+    refs, counts = intervention_states.task_references(policy, env, tasks,
+                                                       dataclasses.replace(args, references="planner"))
+    assert all(intervention_states.reference_source(r) == "planner" for r in refs.values())
+    assert (counts["policy"], counts["planner"], counts["planner_fallback"]) == (0, 2, 0)
+    env.close()
+
+
+def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_path):
+    model, tok = tiny
+    args = intervention.InterveneArgs(num_tasks=2, attempts=2, matched_per_task=2, mismatched_per_task=1,
+                                      tries_per_task=8, bootstrap=200, output=str(tmp_path / "iv.json"))
+    first = intervention.run_intervention(model, tok, args)
+    r = first["references"]
+    assert r["policy"] + r["planner"] + r["skipped_no_success"] + r["no_reference"] == 2
+    assert r["planner_fallback"] == r["planner"]  # with policy references every planner reference is a fallback
+    assert first["primary"] == "restricted" and first["states"]["matched"] == 4 and first["states"]["mismatched"] >= 1
+    assert first["mismatch_candidates_tried"] == first["states"]["mismatched"] + sum(first["rejected"].values())
+    for name, row in first["conditions"].items():
+        if not row["states"]:
+            continue
+        for key in ("delta_logp", "delta_logp_free"):
+            b = row[key]
+            assert math.isfinite(b["mean"]), (name, key)
+            assert b["ci_states"][0] <= b["mean"] <= b["ci_states"][1], (name, key, b)
+            assert b["ci_tasks"][0] <= b["ci_tasks"][1]
+        assert 1 <= row["rank_context"] <= row["admissible"]
+    assert set(first["differences"]["A - C: fullpath_matched - fullpath_mismatched"]) == {"logp", "logp_free"}
+    for st in first["state_list"]:
+        assert st["reference"] == first["reference_steps"][st["task_id"]][0]
+        assert st["scores"]["none"]["logp"] <= 0.0 and st["scores"]["none"]["logp_restricted"] >= \
+            st["scores"]["none"]["logp_free"]  # renormalising over fewer tokens never lowers a log-prob
+        if st["kind"] == "mismatched":
+            assert st["correct"] not in st["reference_similar"]  # the reference is wrong from the similar points
+    second = intervention.run_intervention(model, tok, args)
+    assert second["conditions"] == first["conditions"] and second["differences"] == first["differences"]
