@@ -346,6 +346,7 @@ def test_official_backend_imports_webagenttextenv_from_webshop_root(tmp_path, ta
         "from test_webshop_official import FakeWebAgentTextEnv as WebAgentTextEnv\n")
     cfg = webshop.WebShopConfig(backend="official", webshop_root=str(tmp_path))
     sys.path.insert(0, str(__import__('pathlib').Path(__file__).parent))
+    cached = {m: sys.modules.pop(m) for m in list(sys.modules) if m.startswith("web_agent_site")}  # the real one
     try:
         assert len(envs.load_tasks(cfg, "eval")) == 500 and len(envs.load_tasks(cfg, "train")) == 4789
         env = webshop.WebShopEnv(cfg)
@@ -357,6 +358,7 @@ def test_official_backend_imports_webagenttextenv_from_webshop_root(tmp_path, ta
     finally:
         for name in [m for m in sys.modules if m.startswith("web_agent_site")]:
             del sys.modules[name]
+        sys.modules.update(cached)
         sys.path.remove(str(tmp_path))
 
 
