@@ -19,8 +19,9 @@ Everything else follows upstream, including its option reward, which is easy to 
 match if any purchased option value (after normalize_color) has token_set_ratio > 85 with it. A synthetic goal's
 options are a dict, and upstream passes its `.items()`, so each goal option is a (name, value) pair: normalize_color
 on a pair returns a colour only when the name or the value *equals* one, and thefuzz compares the value against the
-pair's text, i.e. the tokens of "name value". There is no exact matching for size and no fall-back on the product text
-for options (that fall-back exists for attributes only); matches are counted per goal option, so r <= 1.
+pair's text, i.e. the tokens of "name value" (so a purchased 'large' matches the goal size 'x-large': its tokens are a
+subset). There is no exact matching for size and no fall-back on the product text for options (that fall-back
+exists for attributes only); matches are counted per goal option, so r <= 1.
 """
 import re
 

@@ -112,11 +112,14 @@ def test_goals_follow_get_synthetic_goals():
         assert n == len(list(itertools.product(*s.by_asin[asin]['options'].values())))
 
 
-def test_wrong_option_values_can_never_match_by_accident():
-    """Within a product, a value other than the goal's never matches a goal option under WebShop's option reward
-    (goal options as (name, value) pairs, see webshop_reward), so any wrong option lowers the reward; option values
-    never occur in the product text (catalogue deviation 1)."""
+def test_wrong_option_values_match_only_in_three_upstream_quirks():
+    """Within a product, a value other than the goal's almost never matches a goal option under WebShop's option
+    reward (goal options as (name, value) pairs, token_set_ratio > 85, see webshop_reward). The exceptions in this
+    catalogue are upstream's own fuzziness and the real reward agrees: 'large' for the goal size 'x-large' (a token
+    subset) and the rugs' '3 x 5 ft' / '5 x 7 ft' (ratio 86). Option values never occur in the product text
+    (catalogue deviation 1)."""
     s = webshop_catalog.build_shop(CFG.num_products, CFG.catalog_seed, CFG.goal_seed)
+    quirks = set()
     for p in s.products:
         text = ' '.join([p['Title'], p['Description']] + p['BulletPoints']).lower()
         values = [v for vs in p['options'].values() for v in vs]
@@ -126,7 +129,10 @@ def test_wrong_option_values_can_never_match_by_accident():
         for name, vs in p['options'].items():
             for v in vs:
                 assert webshop_reward.get_option_reward([v], [(name, v)])[1] == 1
-                assert webshop_reward.get_option_reward([w for w in values if w != v], [(name, v)])[1] == 0, (p, v)
+                quirks |= {(name, v, w) for w in values if w != v
+                           and webshop_reward.get_option_reward([w], [(name, v)])[1]}
+    assert quirks == {('size', 'x-large', 'large'), ('size', '3 x 5 ft', '5 x 7 ft'), ('size', '5 x 7 ft', '3 x 5 ft')}
+    assert webshop_reward.token_set_ratio('5 x 7 ft', ('size', '3 x 5 ft')) == 86
 
 
 def test_bm25_ranks_matching_products_first_and_caps_at_50():
