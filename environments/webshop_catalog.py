@@ -16,12 +16,15 @@ What it builds, for `build_shop(num_products, catalog_seed, goal_seed)`:
 
 Deviations from WebShop:
 1. The catalogue is generated, not scraped: vocabulary is ours; product text contains no digits, and an option
-   value that occurs inside its product's text is dropped, so a wrong option can never match through the reward's
-   substring fall-back by accident (upstream data has such accidents).
+   value that occurs inside its product's text is dropped (harmless: WebShop's option reward has no text
+   fall-back, only the attribute reward has one; option values stay apart from the text all the same).
 2. BM25 is a local implementation with Lucene's idf and pyserini's defaults (k1=0.9, b=0.4), lowercase alphanumeric
    tokens with possessive 's removed, an English stopword list and plural-s stripping instead of Lucene's Porter
    stemmer. Ties keep catalogue order (Lucene: docid order).
 3. All randomness is seeded (upstream draws prices and price bounds from the unseeded global RNG).
+4. `search[<r>]` samples from the shop's own seeded RNG (upstream: the global RNG).
+5. `search[<a> ...]` gives an empty results page; upstream's text env raises a TypeError there (it passes no
+   attribute index to the search).
 """
 import functools
 import itertools
@@ -29,7 +32,7 @@ import math
 import random
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SEARCH_RETURN_N = 50
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
@@ -184,7 +187,7 @@ def _make_product(rng: random.Random, ptype: tuple, asin: str) -> dict:
     text = ' '.join([title, description] + bullets).lower()
     options, seen = {}, set()
     for name, pool in option_pool.items():
-        # deviation 1: a value that appears in the product text would match any goal via the substring fall-back
+        # deviation 1: keep option values out of the product text (the attribute reward does search that text)
         values = [v for v in pool if v not in text and v not in seen]
         values = sorted(rng.sample(values, min(len(values), rng.randint(2, 4))), key=pool.index)
         if len(values) >= 2:
@@ -302,8 +305,21 @@ class Shop:
     goals: list[dict]
     index: BM25
 
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
     def search(self, keywords: list[str]) -> list[dict]:
-        """get_top_n_product_from_keywords for plain keywords: BM25 over ' '.join(keywords), top 50."""
+        """get_top_n_product_from_keywords: BM25 over ' '.join(keywords), top 50, or one of WebShop's special
+        queries when the first keyword is '<q>' (every product of that query), '<c>' (of that category, first word
+        only), '<r>' (50 random products; deviation 4) or '<a>' (deviation 5: no products)."""
+        head, rest = keywords[0], ' '.join(keywords[1:]).strip()
+        if head == '<q>':
+            return [p for p in self.products if p['query'] == rest]
+        if head == '<c>':
+            return [p for p in self.products if p['category'] == keywords[1].strip()] if len(keywords) > 1 else []
+        if head == '<r>':
+            return self.rng.sample(self.products, k=min(SEARCH_RETURN_N, len(self.products)))
+        if head == '<a>':
+            return []
         return [self.products[i] for i in self.index.search(' '.join(keywords))]
 
 

@@ -6,6 +6,8 @@ princeton-nlp/WebShop repository (`reset(session=idx)`, `step(action)`, `get_ava
 webshop_reward.py. Page strings, clickables, transitions and invalid-action behaviour follow the upstream templates
 and `SimServer.receive`: `search[...]` works from any page, option clicks change the session but not the text,
 `Next >` is always shown, click arguments are lowercased, anything else is a no-op with reward 0.
+tests/test_webshop_official.py runs the real WebAgentTextEnv (its templates and BeautifulSoup text conversion) over
+this catalogue and compares every page, clickable list, URL and reward with this engine.
 
 Deviation (numbered as in webshop.py): 1. The done page's hidden block is rendered from upstream's done_page.html
 with what `SimServer.done` passes (code, attributes, goal and reward details are None).
@@ -176,7 +178,8 @@ class EmbeddedTextEnv:
         self.current_url = (f"{BASE_URL}/item_sub_page/{self.session}/{sess['asin']}/{'+'.join(sess['keywords'])}/"
                             f"{sess['page']}/{sub}/{sess['options']}")
         content = {'Description': [product['Description']], 'Features': list(product['BulletPoints']),
-                   'Reviews': [], 'Attributes': list(product['Attributes'])}[sub]
+                   'Reviews': [], 'Attributes': list(product['Attributes']) + [product['category'], product['query'],
+                                                                           product['product_category']]}[sub]
         self.texts = self._header() + content
         self.clickables = {'back to search': ('button', ''), '< prev': ('button', '')}
         self.has_search_bar = False
@@ -200,8 +203,6 @@ class EmbeddedTextEnv:
 
 
 def page_name(url: str | None) -> str:
-    """SimServer.get_page_name, on the path's first segment: search_results | item_page | item_sub_page | done | ''."""
-    if url is None:
-        return ''
-    first = url.split('://', 1)[-1].split('/')[1:2]
-    return first[0] if first and first[0] in ('search_results', 'item_page', 'item_sub_page', 'done') else ''
+    """SimServer.get_page_name: the first of search_results, item_page, item_sub_page, done that occurs anywhere in the
+    URL (keywords included, as upstream), else '' (the search page)."""
+    return next((name for name in ('search_results', 'item_page', 'item_sub_page', 'done') if name in (url or '')), '')

@@ -6,18 +6,22 @@ Products and goals are plain dicts with WebShop's own keys (`Title`, `BulletPoin
 `query`, `product_category`, `name`; goals: `attributes`, `goal_options`, `price_upper`, `query`,
 `product_category`, `name`), so the formula below reads like the upstream one.
 
-Deviations from upstream (each is pinned by a test in tests/test_webshop.py):
+Deviations from upstream (each is pinned by a test in tests/test_webshop.py; tests/test_webshop_official.py compares
+this module with the real goal.py and thefuzz when a WebShop checkout is available):
 1. title_score: upstream keeps the spaCy POS tags NOUN/PROPN of the goal and purchased product names. We have no spaCy
    model offline, so a token counts as a "noun" when it is alphabetic, at least 2 letters, and not a function word
    (`_FUNCTION_WORDS`). On Title-Cased product names spaCy tags most content words PROPN, so this is close; it is
    still a heuristic (adjectives such as "lightweight" count as nouns here).
-2. token_set_ratio: a local port of thefuzz's token_set_ratio (thefuzz's default processing: lowercase, non
-   alphanumerics to spaces; ratio = Indel similarity 2*LCS/(len1+len2)*100, rounded like thefuzz). It equals
-   thefuzz/rapidfuzz on the strings we tested by hand; it is not byte-for-byte the C implementation.
-3. Option matches are capped at |goal options|. Upstream counts one match per *purchased* option, so buying a product
-   with more option names than the goal can push r above 1.0; we keep r in [0, 1] as WebShop documents it.
-Everything else (normalize_color, exact matching for `size`, the > 85 fuzzy threshold, the substring fall-backs on
-Title / BulletPoints / Description, r_type's 1.0 / 0.5 / 0.1 / 0.0 ladder, verbose_info keys) follows upstream.
+2. token_set_ratio: a local port of thefuzz's token_set_ratio (thefuzz's default processing: drop characters
+   128-255, non-alphanumerics to spaces, lowercase; ratio = Indel similarity 2*LCS/(len1+len2)*100, rounded like
+   thefuzz). It is not the C implementation; the official test compares it with thefuzz.
+Everything else follows upstream, including its option reward, which is easy to misread: for each goal option, one
+match if any purchased option value (after normalize_color) has token_set_ratio > 85 with it. A synthetic goal's
+options are a dict, and upstream passes its `.items()`, so each goal option is a (name, value) pair: normalize_color
+on a pair returns a colour only when the name or the value *equals* one, and thefuzz compares the value against the
+pair's text, i.e. the tokens of "name value" (so a purchased 'large' matches the goal size 'x-large': its tokens are a
+subset). There is no exact matching for size and no fall-back on the product text for options (that fall-back
+exists for attributes only); matches are counted per goal option, so r <= 1.
 """
 import re
 
@@ -34,7 +38,6 @@ COLOR_SET = [
     'stonewash', 'sunflower', 'tan', 'taupe', 'teal', 'tiger', 'turquoise', 'violet', 'walnut', 'wheat', 'white',
     'wine', 'yellow',
 ]
-EXACT_MATCH_OPTS = ['size']
 FUZZY_THRESHOLD = 85
 
 # Deviation 1: words that spaCy would never tag NOUN/PROPN in a product name.
@@ -53,9 +56,10 @@ def normalize_color(color_string: str) -> str:
     return color_string
 
 
-def _full_process(s: str) -> str:
-    s = ''.join(c for c in s if ord(c) < 128)  # thefuzz's force_ascii=True
-    return re.sub(r'\W', ' ', s).lower().strip()
+def _full_process(s) -> str:
+    """thefuzz.utils.full_process(s, force_ascii=True): str(), drop chars 128-255, non-alphanumerics to spaces."""
+    s = ''.join(c for c in str(s) if not 128 <= ord(c) <= 255)
+    return ''.join(c if c.isalnum() else ' ' for c in s).lower().strip()
 
 
 def _lcs_len(a: str, b: str) -> int:
@@ -133,19 +137,18 @@ def get_attribute_reward(purchased_product: dict, goal: dict) -> tuple[float, in
     return n_matches / len(goal['attributes']), n_matches
 
 
-def get_option_reward(purchased_product: dict, goal_options: list[str], purchased_options: dict) -> tuple:
-    """Each purchased option value matches a goal option (exact for size, fuzzy otherwise) or the product text."""
-    purchased = {k: normalize_color(v) for k, v in purchased_options.items()}
-    goal_opts = [normalize_color(o) for o in goal_options]
-    n_matches = 0
-    for p_key, p_value in purchased.items():
-        if p_key.lower() in EXACT_MATCH_OPTS:
-            matched = p_value in goal_opts
-        else:
-            matched = any(token_set_ratio(g, p_value) > FUZZY_THRESHOLD for g in goal_opts)
-        if matched or _in_product_text(p_value, purchased_product):
-            n_matches += 1
-    n_matches = min(n_matches, len(goal_opts))  # deviation 3
+def normalize_goal_option(option):
+    """normalize_color on a goal option: a value string (substring test) or a (name, value) pair (equality test)."""
+    if isinstance(option, str):
+        return normalize_color(option)
+    return next((c for c in COLOR_SET if c in option), option)
+
+
+def get_option_reward(purchased_options: list[str], goal_options: list) -> tuple:
+    """Per goal option: matched when some purchased value has token_set_ratio > 85 with it (see the docstring)."""
+    purchased = [normalize_color(o) for o in purchased_options]
+    goal_opts = [normalize_goal_option(o) for o in goal_options]
+    n_matches = sum(any(token_set_ratio(p, g) > FUZZY_THRESHOLD for p in purchased) for g in goal_opts)
     r_option = n_matches / len(goal_opts) if goal_opts else None
     return r_option, n_matches
 
@@ -156,8 +159,8 @@ def get_reward(purchased_product: dict, goal: dict, price: float, options: dict)
     r_price = (price <= goal['price_upper']) if goal['price_upper'] > 0 else None
     r_att, n_attr = get_attribute_reward(purchased_product, goal)
     goal_options = goal['goal_options']
-    goal_options = list(goal_options.values()) if isinstance(goal_options, dict) else goal_options
-    r_option, n_option = get_option_reward(purchased_product, goal_options, options)
+    goal_options = list(goal_options.items()) if isinstance(goal_options, dict) else list(goal_options)
+    r_option, n_option = get_option_reward(list(options.values()), goal_options)
     denom = len(goal['attributes']) + len(goal_options) + 1
     reward = (n_attr + n_option + bool(r_price)) / denom * r_type['r_type']
     info = {'r_type': r_type['r_type'], 'r_att': r_att, 'w_att': len(goal['attributes']) / denom,
