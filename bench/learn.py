@@ -206,7 +206,7 @@ def plot(curves: dict[str, list[list[float]]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: float, greedy: dict) -> str:
+def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: float | None, greedy: dict) -> str:
     """Write results.json / results.md / curves.png from what has finished so far (rewritten after every run)."""
     out = Path(args.out)
     rows = [_row("warm start (before RL)", [before], [], args.k)]
@@ -261,7 +261,8 @@ def main(args: LearnArgs) -> None:
         for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
             name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
             results.setdefault(name, []).append((run, metrics))
-            table = summarize(args, before, results, time.perf_counter() - t0, greedy)
+            wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing: no wall time
+            table = summarize(args, before, results, wall, greedy)
     print(table)
     print(f"[learn] wrote {args.out}/results.json, results.md, curves.png in {time.perf_counter() - t0:.0f}s")
 
