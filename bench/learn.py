@@ -2,12 +2,16 @@
 
     python bench/learn.py                                   # 3 algorithms x 3 seeds, eval on 200 held-out games, k=4
     python bench/learn.py --seeds 0 --lambdas 0.1 0.3 1     # + the λ sweep of the distillation runs (seed 0)
+    python bench/learn.py --algos grpo fullpath-sd smrc-sd skill-sd sdar          # the paper's five rows
     python bench/learn.py --steps 2 --eval-games 2 --train-games 6 --out /tmp/learn      # smoke test
 
 Every run is the project's own trainer, `smrc.py --preset learn --algo A --seed S` (tiny-agent on small generated
 games, admissible action space, references = the policy's own successes), in its own folder; every evaluation is the
 project's own `evaluate.py eval` of the run's final checkpoint on the same held-out panel; the warm start itself is
 evaluated once as the "before" row. All runs of one algorithm differ only in the seed; no algorithm gets its own tuning.
+λ: --sd-coef for the trajectory-context methods (fullpath-sd, smrc-sd: reverse-KL L_SD), and each skill-text
+baseline's anchor value for its own loss form (skill-sd 0.001, sdar 0.01, grpo-opsd 0.01: grpo.SD_COEF), since their
+loss terms live on other scales; the λ sweep (--lambdas) is of the reverse-KL methods.
 
 Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished evaluation (its
 JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished run needs only its
@@ -33,6 +37,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from embedded.warmstart import resolve  # noqa: E402
+from grpo import SD_COEF  # noqa: E402
+from smrc import ALGOS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = [0]  # torch threads per child process (0 = torch's default); set from --workers
@@ -53,7 +59,8 @@ class LearnArgs:
     group_size: int = 8
     """rollouts per task"""
     sd_coef: float = 0.3
-    """λ of every distillation run of the main table"""
+    """λ of the main table's reverse-KL distillation runs (fullpath-sd, smrc-sd); skill-sd, sdar and grpo-opsd run
+    at their loss form's anchor λ"""
     lambdas: tuple[float, ...] = ()
     """extra λ values for fullpath-sd and smrc-sd (first seed only): the λ sweep"""
     train_games: int = 320
@@ -81,6 +88,22 @@ def _run(cmd: list[str], log: Path) -> None:
     if rc != 0:
         tail = log.read_text().splitlines()[-20:]
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
+
+
+def main_lambda(args: LearnArgs, algo: str) -> float:
+    """λ of an algorithm's main-table runs: 0 for GRPO, --sd-coef for the reverse-KL L_SD of the trajectory-context
+    methods, the anchors' value for the other loss forms (an ρ·k3 or a gated likelihood term at λ = 0.3 would be
+    another method than the one the anchors run)."""
+    form = ALGOS[algo][2]
+    return 0.0 if algo == "grpo" else (args.sd_coef if form == "reverse-kl" else SD_COEF[form])
+
+
+def plan(args: LearnArgs) -> list[tuple[str, int, float]]:
+    """(algorithm, seed, λ) of every run, seed-major (an interrupted sweep has every algorithm at the same number of
+    seeds), then the λ sweep of the reverse-KL methods on the first seed."""
+    jobs = [(a, s, main_lambda(args, a)) for s in args.seeds for a in args.algos]
+    return jobs + [(a, args.seeds[0], lam) for lam in args.lambdas for a in args.algos
+                   if a != "grpo" and ALGOS[a][2] == "reverse-kl" and lam != args.sd_coef]
 
 
 def _run_dir(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
@@ -232,10 +255,7 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
 def main(args: LearnArgs) -> None:
     t0 = time.perf_counter()
     THREADS[0] = max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
-    # seed-major: an interrupted sweep has every algorithm at the same number of seeds
-    jobs = [(a, s, 0.0 if a == "grpo" else args.sd_coef) for s in args.seeds for a in args.algos]
-    jobs += [(a, args.seeds[0], lam) for lam in args.lambdas if lam != args.sd_coef
-             for a in args.algos if a != "grpo"]
+    jobs = plan(args)
     if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
         jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]
         assert all((Path(args.out) / "eval" / f"{n}.json").exists() for n in ("warm-start", "warm-start-greedy")), \
@@ -259,7 +279,7 @@ def main(args: LearnArgs) -> None:
         print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
               f"{greedy['tasks']} held-out games)", flush=True)
         for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
-            name = algo if lam in (0.0, args.sd_coef) else f"{algo} λ={lam:g}"
+            name = algo if lam == main_lambda(args, algo) else f"{algo} λ={lam:g}"
             results.setdefault(name, []).append((run, metrics))
             wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing: no wall time
             table = summarize(args, before, results, wall, greedy)

@@ -18,6 +18,15 @@ SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos
          "--workers", "2"]
 
 
+def test_plan_runs_each_loss_form_at_its_lambda():
+    """The trajectory-context methods run at --sd-coef (and the λ sweep), the skill-text baselines at their anchor λ."""
+    from bench.learn import LearnArgs, plan
+    args = LearnArgs(algos=("grpo", "smrc-sd", "skill-sd", "sdar", "fullpath-sd"), seeds=(0, 1), lambdas=(0.1, 0.3, 1))
+    main = [("grpo", 0.0), ("smrc-sd", 0.3), ("skill-sd", 0.001), ("sdar", 0.01), ("fullpath-sd", 0.3)]
+    assert plan(args) == [(a, s, lam) for s in (0, 1) for a, lam in main] + \
+        [("smrc-sd", 0, 0.1), ("fullpath-sd", 0, 0.1), ("smrc-sd", 0, 1), ("fullpath-sd", 0, 1)]
+
+
 def _learn(out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1500)
