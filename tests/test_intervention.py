@@ -5,7 +5,12 @@
 - policy references: a task the policy solves gets a reference that is a real success (it replays to a win through a
   fresh env, with the same signatures); a task it never solves falls back to the planner (counted) or is skipped
   (counted);
-- end to end on the tiny model: finite numbers, CIs containing the mean, every task accounted for, deterministic.
+- end to end on the tiny model: finite numbers, CIs containing the mean, every task accounted for, deterministic;
+- WebShop (`env="webshop"`, the embedded shop and its oracle): matched states' correct action is the reference's next
+  action, mismatched states are off the reference and their correct action is the oracle's first action from there
+  (Back to Search where the page has no search bar), never what the reference does from the most similar points;
+  every candidate is kept or counted, the policy's success is the reference and the oracle the counted fallback,
+  and the whole report runs on the untrained tiny model.
 
 Run: .venv/bin/python -m pytest tests/test_intervention.py -q
 """
@@ -125,3 +130,87 @@ def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_pat
             assert st["correct"] not in st["reference_similar"]  # the reference is wrong from the similar points
     second = intervention.run_intervention(model, tok, args)
     assert second["conditions"] == first["conditions"] and second["differences"] == first["differences"]
+
+
+WEBSHOP = dict(env="webshop", preset="tiny", split="train")
+
+
+def most_similar_actions(ref, signature) -> set[str]:
+    """The reference's actions at the positions sharing the most non-task signature fields (a naive loop)."""
+    shared = [sum(a == b for (n, a), (_, b) in zip(signature, s.signature) if n != "task") for s in ref.steps]
+    return {s.action for s, k in zip(ref.steps, shared) if k == max(shared)}
+
+
+def test_webshop_states_follow_the_reference_and_the_oracle():
+    args = intervention.InterveneArgs(**WEBSHOP, references="planner", num_tasks=3, matched_per_task=50,
+                                      mismatched_per_task=50, tries_per_task=12)
+    cfg = intervention.run_config(args)
+    states, rejected, refs, counts = intervention_states.build_states(None, None, args, cfg)
+    env_cfg = dataclasses.replace(intervention_states.env_config(args, cfg), max_steps=10_000)  # as build_states
+    assert cfg.env == "webshop" and len(refs) == 3 and counts["planner"] == 3
+    assert {st.task.env for st in states} == {"webshop"}
+    # every position of a reference but its typed search (not admissible: only the placeholder is) is a matched state
+    matched = [st for st in states if st.kind == "matched"]
+    assert counts["matched_not_admissible"] == 3 and len(matched) == sum(len(r.steps) - 1 for r in refs)
+    env = envs.make_env(env_cfg)
+    for st in matched:
+        j = st.note["position"]
+        assert st.correct == st.ref.steps[j].action and st.correct in st.admissible and j > 0
+        assert st.signature == st.ref.steps[j].signature == rollout.replay(env, st.task, st.actions).signature
+        assert st.user_text.startswith("\nYou are an expert autonomous agent operating in the WebShop")
+    # mismatched: off the path, the oracle's first action, wrong for the reference at its most similar points
+    mismatched = [st for st in states if st.kind == "mismatched"]
+    assert mismatched and len(mismatched) + sum(rejected.values()) == 3 * args.tries_per_task
+    assert rejected.get("on_reference_path", 0) > 0 and rejected.get("reference_action_correct", 0) > 0
+    for st in mismatched:
+        assert st.signature not in {s.signature for s in st.ref.steps}
+        first = envs.plan(env_cfg, st.task, st.actions, 30.0).actions[0]
+        assert st.correct == (first if first in st.admissible else "click[back to search]")
+        assert st.correct in st.admissible and st.correct not in most_similar_actions(st.ref, st.signature)
+    other_products = [st for st in mismatched if dict(st.signature)["page"] == "item"
+                      and dict(st.signature)["item"] not in {dict(s.signature)["item"] for s in st.ref.steps}]
+    assert other_products and {st.correct for st in other_products} == {"click[back to search]"}  # the paper's example
+    env.close()
+
+
+def test_webshop_policy_references_and_the_oracle_fallback(tiny):
+    _, tok = tiny
+    args = intervention.InterveneArgs(**WEBSHOP, num_tasks=2, attempts=2)
+    cfg = intervention.run_config(args)
+    env_cfg = intervention_states.env_config(args, cfg)
+    tasks = envs.load_tasks(env_cfg, "train")[:2]
+    env = envs.make_env(dataclasses.replace(env_cfg, max_steps=10_000))
+    solved = tasks[1]
+    plan = envs.plan(env_cfg, solved, [], 30.0).actions
+    engine = PlanEngine(tok, {env.reset(solved).goal: plan})
+    policy = intervention_states.policy_references(None, tok, tasks, dataclasses.replace(cfg, webshop=env_cfg),
+                                                   attempts=2, seed=0, engine=engine)
+    assert set(policy) == {solved.task_id} and [s.action for s in policy[solved.task_id].steps] == plan
+    refs, counts = intervention_states.task_references(policy, env, tasks, args)
+    assert intervention_states.reference_source(refs[solved.task_id]) == "policy"
+    assert intervention_states.reference_source(refs[tasks[0].task_id]) == "planner" and refs[tasks[0].task_id].success
+    assert (counts["policy"], counts["planner"], counts["planner_fallback"]) == (1, 1, 1)
+    env.close()
+    with pytest.raises(SystemExit, match="--preset tiny"):  # the learn preset's WebShop asks for reasoning
+        intervention.run_config(dataclasses.replace(args, preset="learn"))
+
+
+def test_intervention_runs_end_to_end_on_webshop(tiny, tmp_path):
+    model, tok = tiny
+    args = intervention.InterveneArgs(**WEBSHOP, model="tiny", num_tasks=2, attempts=1, matched_per_task=2,
+                                      mismatched_per_task=2, tries_per_task=6, bootstrap=100,
+                                      output=str(tmp_path / "ws.json"))
+    result = intervention.run_intervention(model, tok, args)
+    r = result["references"]
+    assert result["settings"]["env"] == "webshop" and result["primary"] == "restricted"
+    assert r["policy"] + r["planner"] == 2 and r["planner_fallback"] == r["planner"]
+    assert result["states"]["matched"] == 4 and result["states"]["mismatched"] >= 1
+    assert result["mismatch_candidates_tried"] == result["states"]["mismatched"] + sum(result["rejected"].values())
+    for name in ("fullpath_matched", "smrc_matched", "fullpath_mismatched"):
+        row = result["conditions"][name]
+        assert row["states"] > 0 and math.isfinite(row["delta_logp"]["mean"])
+    for st in result["state_list"]:
+        assert st["task_id"].startswith("webshop/") and math.isfinite(st["scores"]["none"]["logp"])
+        if st["kind"] == "mismatched":
+            assert st["correct"] not in st["reference_similar"]
+    assert "embedded WebShop `train`" in (tmp_path / "ws.md").read_text()
