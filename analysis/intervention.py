@@ -5,8 +5,8 @@ mismatched ones, A−C = +0.070, 95% CI [+0.012, +0.153]).
 For every state (analysis/intervention_states.py: the task's reference, the policy's own first success by default,
 its matched and its mismatched states) the student's prompt and a fixed response are held constant and only the
 teacher context changes; the measure is the change in the teacher's log-probability of the response relative to no
-context. Run through `python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24` (ALFWorld), or
-`python evaluate.py intervene --env webshop --preset tiny --model tiny-agent --num-tasks 12` (the embedded WebShop).
+context. Run through `python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24` (ALFWorld) or
+`python evaluate.py intervene --env webshop --preset tiny --model tiny --num-tasks 4 --attempts 2` (embedded WebShop).
 
 Conditions (teacher prompt = router.teacher_context(...) + "\\n\\n" + the student's prompt, as in teacher.py):
   none                 the student's prompt only (the baseline every delta is taken against)
