@@ -49,7 +49,8 @@ from tqdm import tqdm
 import envs
 import router
 import smrc
-from analysis.intervention_states import InterveneArgs, State, build_states, reference_source  # noqa: F401 (InterveneArgs: evaluate.py's import)
+# InterveneArgs is re-exported: evaluate.py imports it from here
+from analysis.intervention_states import InterveneArgs, State, build_states, reference_source  # noqa: F401
 from models import action_trie, allowed_per_position, chat_ids
 from teacher import TeacherRequest, teacher_prompt_ids
 
