@@ -44,7 +44,7 @@ def main() -> None:
               f"{mean(rows[a], 'sd/distilled_turns'):16.1f} {mean(rows[a], 'sd/teacher_time_s'):10.2f} "
               f"{mean(rows[a], 'router/match_rate'):11.3f}")
     g = mean(rows["grpo"], "time/step_s")
-    print(f"step time ratio smrc-sd/grpo = {mean(rows['smrc-sd'], 'time/step_s') / g:.3f} (goal <= 1.15)")
+    print(f"step time ratio smrc-sd/grpo = {mean(rows['smrc-sd'], 'time/step_s') / g:.3f} (issue 11 target <= 1.10)")
     print(f"step time ratio fullpath-sd/grpo = {mean(rows['fullpath-sd'], 'time/step_s') / g:.3f}")
     f = mean(rows["fullpath-sd"], "sd/teacher_tokens")
     print(f"teacher tokens smrc-sd/fullpath-sd = {mean(rows['smrc-sd'], 'sd/teacher_tokens') / max(f, 1):.3f}")
