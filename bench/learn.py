@@ -19,7 +19,7 @@ JSON exists) is not repeated, so an interrupted sweep picks up where it stopped.
 (bench/results/learn_sweep/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
 weights (sha256), and a sweep with another build of it is refused.
 Writes OUT/results.json (every number), OUT/results.md (the table) and OUT/curves.png (training success vs step,
-mean ± standard error over seeds).
+mean ± standard error over seeds, of the main table's algorithms; the λ sweep is in the table only).
 """
 import hashlib
 import json
@@ -244,7 +244,8 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
-    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
+    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items() if "λ=" not in n},  # the λ sweep: table only
+         out / "curves.png")
     if gain:
         table += f"\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
     for name, (g, se) in paired.items():
