@@ -265,7 +265,7 @@ def _overlap(a: tuple, b: tuple) -> int:
 
 
 def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str],
-                    form: Callable[[str, list[str]], str] = normalise_action) -> set[str]:
+                    form: Callable[[str, list[str]], str]) -> set[str]:
     """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields), in
     the admissible form `form` spells them."""
     scores = [_overlap(signature, s.signature) for s in ref.steps]

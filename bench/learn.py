@@ -134,9 +134,10 @@ def check_warm_start(args: LearnArgs) -> str:
     path = Path(resolve(args.model)) / "model.safetensors"
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     record = Path(args.out) / "warm_start.json"
-    if record.exists() and json.loads(record.read_text())["sha256"] != sha:
+    pinned = json.loads(record.read_text())["sha256"] if record.exists() else sha
+    if pinned != sha:
         raise SystemExit(f"error: {args.out} holds runs from another build of {args.model} (weights sha256 "
-                         f"{json.loads(record.read_text())['sha256'][:12]}, this build {sha[:12]}); use a new --out")
+                         f"{pinned[:12]}, this build {sha[:12]}); use a new --out")
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"model": args.model, "sha256": sha}) + "\n")
     return sha
@@ -153,9 +154,13 @@ def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: 
     return json.loads(Path(out + ".json").read_text())["rows"][0]["metrics"]
 
 
+def _metrics(run: Path) -> list[dict]:
+    """A run's metrics.jsonl, one dict per step."""
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
 def _curve(run: Path) -> list[float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r["rollout/success_rate"] for r in sorted(rows, key=lambda r: r["step"])]
+    return [r["rollout/success_rate"] for r in sorted(_metrics(run), key=lambda r: r["step"])]
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -170,7 +175,7 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
     if len(evals) == 1 and f"avg@{k}_se" in evals[0]:  # one evaluation (the warm start): SE over the panel's tasks
         row[f"avg@{k}"] = (evals[0][f"avg@{k}"], evals[0][f"avg@{k}_se"])
     if runs:
-        metrics = [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines() if x.strip()] for r in runs]
+        metrics = [_metrics(r) for r in runs]
         for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
             row[key] = _mean_se([np.nanmean([m.get(key, np.nan) for m in ms]) for ms in metrics])
     return row
