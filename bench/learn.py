@@ -177,7 +177,9 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
     if runs:
         metrics = [_metrics(r) for r in runs]
         for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
-            row[key] = _mean_se([np.nanmean([m.get(key, np.nan) for m in ms]) for ms in metrics])
+            per_run = [[m[key] for m in ms if key in m and not np.isnan(m[key])] for ms in metrics]
+            if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
+                row[key] = _mean_se([np.mean(v) for v in per_run])
     return row
 
 
