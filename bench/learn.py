@@ -251,7 +251,7 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
-    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items() if "λ=" not in n},  # the λ sweep: table only
+    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items() if n in args.algos},  # λ sweep: table only
          out / "curves.png")
     if gain:
         table += f"\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
