@@ -41,7 +41,6 @@ from grpo import SD_COEF  # noqa: E402
 from smrc import ALGOS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-THREADS = [0]  # torch threads per child process (0 = torch's default); set from --workers
 
 
 @dataclass
@@ -75,14 +74,33 @@ class LearnArgs:
     report_only: bool = False
     """rewrite results.json / results.md / curves.png from the runs of OUT that have finished; start nothing"""
     workers: int = 2
-    """runs (training + evaluation) in flight at once; with more than one, each child gets
-    max(1, cores // workers) torch threads (on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices
-    use a second thread poorly, and env workers overlap)"""
+    """runs (training + evaluation) in flight at once; each child gets max(1, cores // workers) torch
+    threads (`worker_env`; on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices use a
+    second thread poorly, and env workers overlap)"""
 
 
-def _run(cmd: list[str], log: Path) -> None:
-    """A child process with its output in `log`; a failure stops the sweep with the log's tail."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS[0])} if THREADS[0] else None
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), else os.cpu_count()."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def worker_env(workers: int, cores: int | None = None, base: dict | None = None) -> dict[str, str]:
+    """The environment of every child (training or evaluation run) when `workers` run at once on
+    `cores` (default: `usable_cores()`): max(1, cores // workers) torch threads each (OMP_NUM_THREADS and
+    MKL_NUM_THREADS, which torch reads when it starts; they replace inherited values), and OpenMP threads
+    that sleep instead of spinning when idle (OMP_WAIT_POLICY=PASSIVE unless `base` sets it), so the runs
+    in flight do not oversubscribe the cores."""
+    threads = str(max(1, (cores or usable_cores()) // max(1, workers)))
+    env = dict(os.environ if base is None else base)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def _run(args: LearnArgs, cmd: list[str], log: Path) -> None:
+    """A child process (its threads set by `worker_env`) with its output in `log`; a failure stops the
+    sweep with the log's tail."""
+    env = worker_env(args.workers)
     with open(log, "a") as f:
         rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
@@ -115,11 +133,12 @@ def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
     final = run / f"step_{args.steps:06d}"
     if not (final / "config.json").exists():
         run.mkdir(parents=True, exist_ok=True)
-        _run(["smrc.py", "--preset", "learn", "--algo", algo, "--seed", str(seed), "--steps", str(args.steps),
-              "--save-every", str(args.steps), "--output-dir", str(run), "--grpo.sd-coef", str(sd_coef),
-              "--model", args.model, "--rollout.tasks-per-step", str(args.tasks_per_step),
-              "--rollout.group-size", str(args.group_size),
-              "--alfworld.num-train-games", str(args.train_games), "--resume"], run / "train.log")
+        _run(args, ["smrc.py", "--preset", "learn", "--algo", algo, "--seed", str(seed),
+                    "--steps", str(args.steps), "--save-every", str(args.steps), "--output-dir", str(run),
+                    "--grpo.sd-coef", str(sd_coef), "--model", args.model,
+                    "--rollout.tasks-per-step", str(args.tasks_per_step),
+                    "--rollout.group-size", str(args.group_size),
+                    "--alfworld.num-train-games", str(args.train_games), "--resume"], run / "train.log")
     return run
 
 
@@ -149,8 +168,8 @@ def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: 
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
         sampling = ["--k", "1", "--temperature", "0"] if greedy else ["--k", str(args.k)]
-        _run(["evaluate.py", "eval", *which, "--split", "eval", *sampling, "--output", out,
-              "--tasks-per-batch", "32", "--limit", str(args.eval_games)], Path(out + ".log"))
+        _run(args, ["evaluate.py", "eval", *which, "--split", "eval", *sampling, "--output", out,
+                    "--tasks-per-batch", "32", "--limit", str(args.eval_games)], Path(out + ".log"))
     return json.loads(Path(out + ".json").read_text())["rows"][0]["metrics"]
 
 
@@ -262,14 +281,16 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
 
 def main(args: LearnArgs) -> None:
     t0 = time.perf_counter()
-    THREADS[0] = max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
     jobs = plan(args)
     if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
         jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]
         assert all((Path(args.out) / "eval" / f"{n}.json").exists() for n in ("warm-start", "warm-start-greedy")), \
             f"{args.out} has no finished evaluation of the warm start"
     else:
-        print(f"[learn] warm start {args.model}: weights sha256 {check_warm_start(args)[:12]}", flush=True)
+        sha = check_warm_start(args)
+        threads = worker_env(args.workers)["OMP_NUM_THREADS"]
+        print(f"[learn] warm start {args.model}: weights sha256 {sha[:12]}; {args.workers} runs at once x "
+              f"{threads} torch threads on {usable_cores()} cores", flush=True)
     results: dict[str, list] = {}
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:

@@ -5,6 +5,7 @@ The learning claim itself lives in the benchmark's output (README), not here.
 Run: pytest tests/test_learn.py -q
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -79,3 +80,24 @@ def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
     (tmp_path / "warm_start.json").write_text(json.dumps({"model": "tiny", "sha256": "0" * 64}))
     with pytest.raises(SystemExit, match="another build of tiny"):
         learn.check_warm_start(args)
+
+
+def test_each_worker_gets_its_share_of_the_cores():
+    """N runs in flight on C cores: max(1, C // N) torch threads each; idle OpenMP threads sleep (unless
+    set)."""
+    from bench.learn import worker_env
+    for workers, cores, threads in ((2, 2, "1"), (1, 2, "2"), (3, 2, "1"), (2, 16, "8"), (4, 15, "3")):
+        env = worker_env(workers, cores, base={"OMP_NUM_THREADS": "64", "PATH": "/bin"})
+        assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == (threads, threads)  # inherited: replaced
+        assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["PATH"] == "/bin"
+    assert worker_env(2, 2, base={"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"  # user's: kept
+
+
+def test_a_child_run_starts_with_its_threads(tmp_path):
+    """The command a sweep child gets (bench/learn._run) starts torch with the worker's thread count."""
+    from bench.learn import LearnArgs, _run, usable_cores
+    log = tmp_path / "child.log"
+    code = "import os, torch; print(torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'])"
+    _run(LearnArgs(workers=2), ["-c", code], log)
+    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")  # a value set by the user is passed on
+    assert log.read_text().split() == [str(max(1, usable_cores() // 2)), policy]
