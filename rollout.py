@@ -52,6 +52,7 @@ class Turn:
     history_key: str          # history key before acting
     reward: float = 0.0       # env reward of this step
     allowed: list[list[int]] | None = None  # restricted decoding: the allowed token ids at each response position
+    admissible: list[str] | None = None     # restricted decoding: the admissible commands the trie was built from
 
 
 @dataclass
@@ -177,7 +178,7 @@ def _act(half: list[Episode], engine, tokenizer, cfg, counters: dict) -> tuple[l
                           prompt_ids=ids, response_ids=gen.response_ids, sample_logprobs=gen.logprobs,
                           response=gen.text, action=parsed.action, valid=parsed.valid, parse_reason=parsed.reason,
                           observation=ep.observation, signature=ep.signature, history_key=ep.history_key,
-                          allowed=gen.allowed))
+                          allowed=gen.allowed, admissible=list(ep.admissible) if tries else None))
         ep.turns.append(turns[-1])
     return [ep for ep, _, _ in prompted], turns
 

@@ -18,8 +18,20 @@ response ids) pairs into log-probs:
 
 Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates silently).
 That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
+
+Oracle-teacher control (`--teacher.oracle α`, α in (0, 1]): no teacher forward; the teacher is the sequence-level
+mixture p_T = (1−α)·π_s + α·δ_c, c = the matched candidate's response tokens (`candidate_ids`: what restricted
+decoding samples for that action). On the student's tokens y (`oracle_logprobs`, in log space):
+    p_T(y_t | y_<t) = [(1−α)·π_s(y_≤t) + α·1[y_≤t = c_≤t]] / [(1−α)·π_s(y_<t) + α·1[y_<t = c_<t]],
+π_s = the turn's sampling log-probs. Once y has left c it is the student's own conditional; at α = 1 the token where
+y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (same over-length rule), same loss.
+
+Diagnostic (`--teacher.candidate-gain`, on by default): sd/candidate_gain = log π_T(c) − log π_θ(c) of the candidate
+response on distilled turns (`candidate_gain`), two extra scoring passes over those turns (the teacher's is skipped
+with the oracle), timed apart (sd/candidate_gain_time_s).
 """
 
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,11 +39,13 @@ from typing import Callable, Literal
 
 import torch
 
+import envs
 import router
-from models import chat_ids, collate, micro_batches, token_logprobs
+from models import action_trie, allowed_per_position, chat_ids, collate, micro_batches, token_logprobs
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
 Scorer = Callable[[list[list[int]], list[list[int]], list | None], list[list[float]]]
+ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, the token where y leaves c)
 
 
 @dataclass
@@ -42,6 +56,12 @@ class TeacherConfig:
     """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never truncate"""
     micro_batch_tokens: int = 16384
     """padded tokens per teacher forward"""
+    oracle: float = 0.0
+    """oracle-teacher control: α > 0 replaces the model teacher (no forward) by (1−α)·π_student + α·δ_candidate on
+    the same routed turns (module docstring); needs a matcher whose matches carry a candidate (not `every`)"""
+    candidate_gain: bool = True
+    """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled turns):
+    two extra scoring passes over those turns' candidates (one with the oracle)"""
 
 
 @dataclass
@@ -50,6 +70,8 @@ class TeacherRequest:
     context: str            # the privileged block from router.teacher_context
     response_ids: list[int]  # the student's sampled tokens
     allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids per response position (same mask)
+    sample_logprobs: list[float] | None = None  # the oracle: the student's sampling log-probs of response_ids
+    candidate_ids: list[int] | None = None      # the oracle: the candidate's response tokens c
 
 
 def teacher_user_text(context: str, user_text: str) -> str:
@@ -92,33 +114,70 @@ def vllm_scorer(engine, temperature: float = 1.0) -> Scorer:
     return scorer
 
 
-def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer: Scorer):
-    """Teacher log-probs of each request's response tokens (None for over-length prompts) and stats."""
+def candidate_ids(tokenizer, action: str) -> list[int]:
+    """The candidate action's response tokens, EOS included: what restricted decoding samples for that action."""
+    return tokenizer(envs.action_response(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def oracle_logprobs(sample_logprobs: list[float], response_ids: list[int], candidate: list[int],
+                    alpha: float) -> list[float]:
+    """log p_T(y_t | y_<t) of the oracle teacher (1−α)·π_s + α·δ_c on the student's tokens y (module docstring)."""
+    lp = torch.tensor(sample_logprobs, dtype=torch.float64)                       # (R,) log π_s(y_t | y_<t)
+    R = len(response_ids)
+    c = torch.tensor((candidate + [-1] * R)[:R])                                  # (R,) c, padded past its end
+    same = torch.cumprod((torch.tensor(response_ids) == c).long(), 0).bool()     # (R,) y_≤t = c_≤t
+    same_before = torch.cat([torch.ones(1, dtype=torch.bool), same[:-1]])        # (R,) y_<t = c_<t
+    S = torch.cumsum(lp, 0)                                                       # (R,) log π_s(y_≤t)
+    S_before = torch.cat([torch.zeros(1, dtype=torch.float64), S[:-1]])          # (R,) log π_s(y_<t)
+    log_a = math.log(alpha) if alpha > 0 else -math.inf                           # log α
+    log_1a = math.log1p(-alpha) if alpha < 1 else -math.inf                       # log(1 − α)
+    num = torch.logaddexp(log_1a + S, torch.zeros_like(S).masked_fill(~same, -math.inf) + log_a)
+    den = torch.logaddexp(log_1a + S_before, torch.zeros_like(S).masked_fill(~same_before, -math.inf) + log_a)
+    out = torch.where(same_before, num - den, lp)                                 # y left c earlier: the student's
+    out = torch.where(torch.isfinite(out), out, torch.full_like(out, ORACLE_FLOOR))  # α = 1 where y leaves c
+    return out.tolist()
+
+
+def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer: Scorer,
+          prompts: list[list[int]] | None = None):
+    """Teacher log-probs of each request's response tokens (None for over-length prompts) and stats. `prompts`: the
+    requests' teacher prompt ids when the caller has them. With cfg.oracle > 0 nothing is scored (oracle_logprobs)."""
     t0 = time.perf_counter()
-    prompts = [teacher_prompt_ids(tokenizer, r) for r in requests]
+    prompts = prompts if prompts is not None else [teacher_prompt_ids(tokenizer, r) for r in requests]
     ok = [i for i, p in enumerate(prompts) if len(p) <= cfg.max_prompt_tokens]
     out: list[list[float] | None] = [None] * len(requests)
-    if ok:
+    if ok and cfg.oracle > 0:
+        for i in ok:
+            out[i] = oracle_logprobs(requests[i].sample_logprobs, requests[i].response_ids,
+                                     requests[i].candidate_ids, cfg.oracle)
+    elif ok:
         restricted = [requests[i].allowed for i in ok] if any(r.allowed is not None for r in requests) else None
         for i, lp in zip(ok, scorer([prompts[i] for i in ok], [requests[i].response_ids for i in ok], restricted)):
             out[i] = lp
+    scored = ok if cfg.oracle == 0 else []
     stats = {"sd/over_length_turns": len(requests) - len(ok),
-             "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in ok),
+             "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in scored),
              "sd/teacher_time_s": time.perf_counter() - t0}
     return out, stats
 
 
 def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: TeacherConfig, scorer: Scorer):
     """Teacher log-probs for matched turns (None elsewhere and for over-length prompts) and summable sd/ counts.
-    `turns` are rollout.Turns (user_text, signature, response_ids, sample_logprobs), `context` the variant."""
+    `turns` are rollout.Turns (user_text, signature, response_ids, sample_logprobs, prompt_ids, allowed,
+    admissible), `context` the variant."""
     picked = [i for i, m in enumerate(matches) if m is not None]
+    if cfg.oracle > 0 and any(matches[i].ref is None for i in picked):
+        raise ValueError("--teacher.oracle needs a reference candidate on every routed turn (not matcher `every`)")
     with_skills = "skills" in router.CONTEXT_BLOCKS[context]  # skill text: by the turn's env and task type
     requests = [TeacherRequest(turns[i].user_text,
                                router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature,
                                                       router.skill_text(turns[i].task.env, turns[i].task.task_type)
                                                       if with_skills else ""),
-                               turns[i].response_ids, turns[i].allowed) for i in picked]
-    scored, stats = score(tokenizer, requests, cfg, scorer)
+                               turns[i].response_ids, turns[i].allowed, turns[i].sample_logprobs,
+                               candidate_ids(tokenizer, matches[i].candidate) if cfg.oracle > 0 else None)
+                for i in picked]
+    prompts = [teacher_prompt_ids(tokenizer, r) for r in requests]
+    scored, stats = score(tokenizer, requests, cfg, scorer, prompts)
     teacher_lp: list[list[float] | None] = [None] * len(turns)
     gap_sum = 0.0
     for i, lp in zip(picked, scored):
@@ -128,4 +187,29 @@ def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: Tea
     distilled = [i for i in picked if teacher_lp[i] is not None]
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(turns[i].response_ids) for i in distilled)})
+    if cfg.candidate_gain:
+        stats.update(candidate_gain(turns, matches, distilled, dict(zip(picked, prompts)), tokenizer, cfg, scorer))
     return teacher_lp, stats
+
+
+def candidate_gain(turns: list, matches: list, distilled: list[int], prompts: dict, tokenizer, cfg: TeacherConfig,
+                   scorer: Scorer) -> dict:
+    """Summable sd/candidate_gain counts: over the distilled turns whose match has a candidate c (under restricted
+    decoding: an admissible one, else it has probability 0), Σ_t log π_T(c_t) − log π_θ(c_t) over c's tokens, the
+    teacher on the turn's teacher prompt (`prompts`, by turn index), the student on its ordinary prompt, both
+    through `scorer` with the allowed ids the turn's trie gives c (as rollout builds it). The oracle teacher needs
+    no forward: summed over c its conditionals give log((1−α)·π_θ(c) + α)."""
+    t0 = time.perf_counter()
+    rows = [i for i in distilled if matches[i].ref is not None
+            and (turns[i].allowed is None or matches[i].candidate in turns[i].admissible)]
+    cands = [candidate_ids(tokenizer, matches[i].candidate) for i in rows]
+    allowed = [None if turns[i].allowed is None else allowed_per_position(
+        action_trie(tokenizer, [envs.action_response(a) for a in turns[i].admissible]), c) for i, c in zip(rows, cands)]
+    allowed = allowed if any(a is not None for a in allowed) else None
+    student = scorer([turns[i].prompt_ids for i in rows], cands, allowed) if rows else []
+    if cfg.oracle > 0:
+        teacher = [oracle_logprobs(lp, c, c, cfg.oracle) for lp, c in zip(student, cands)]
+    else:
+        teacher = scorer([prompts[i] for i in rows], cands, allowed) if rows else []
+    return {"sd/candidate_gain_sum": sum(sum(t) - sum(s) for t, s in zip(teacher, student)),
+            "sd/candidate_turns": len(rows), "sd/candidate_gain_time_s": time.perf_counter() - t0}

@@ -4,11 +4,16 @@ and teacher_signal building requests from matches only.
 Run: pytest tests/test_teacher.py -q
 """
 import copy
+import math
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+import envs
+import router
 import teacher
-from models import chat_ids
+from models import action_trie, allowed_per_position, chat_ids
 from teacher import TeacherConfig, TeacherRequest
 
 
@@ -72,10 +77,6 @@ def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
 def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny):
     """teacher_signal with the skill context: each turn's teacher prompt holds its own task type's skill file (and the
     environment's general one), a turn matched without a reference (matcher `every`) is distilled, None is not."""
-    from types import SimpleNamespace
-
-    import envs
-    import router
     model, tok = tiny
     seen = []
 
@@ -93,3 +94,95 @@ def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny
     for text, tt, other in zip(seen, types, types[1:]):
         assert router.skill_text("alfworld", tt) in text and router.skill_text("alfworld", other) not in text
         assert text.index(router.SKILL_TEMPLATE.split("\n")[0]) < text.index("student prompt")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The oracle teacher (1−α)·π_s + α·δ_c and the candidate-gain diagnostic
+
+P = [0.5, 0.4, 0.8]  # the student's conditionals of y_1, y_2, y_3; π_s(y_≤t) = 0.5, 0.2, 0.16
+
+
+@pytest.mark.parametrize("alpha,y,expected", [
+    # y = c: [(1−α)·π_s(y_≤t) + α] / [(1−α)·π_s(y_<t) + α] = 0.75/1, 0.6/0.75, 0.58/0.6
+    (0.5, [5, 6, 7], [0.75, 0.8, 0.58 / 0.6]),
+    # y leaves c at t = 2: 0.75, then (0.5·0.2)/0.75 (no δ term above), then the student's own 0.8
+    (0.5, [5, 9, 7], [0.75, 0.1 / 0.75, 0.8]),
+    (0.5, [9, 6, 7], [0.25, 0.4, 0.8]),       # leaves at once: (0.5·0.5)/1, then the student
+    (0.0, [5, 6, 7], P), (0.0, [5, 9, 7], P),  # α = 0: the student
+    (1.0, [5, 6, 7], [1.0, 1.0, 1.0]),        # α = 1 on c: log-prob 0 per token
+    (1.0, [5, 9, 7], [1.0, 1e-6, 0.8]),       # α = 1: 0 where y leaves c (floored at 1e-6), then the student
+])
+def test_oracle_logprobs_equal_a_hand_computation(alpha, y, expected):
+    got = teacher.oracle_logprobs([math.log(p) for p in P], y, [5, 6, 7, 2], alpha)  # c ends with EOS (2)
+    assert got == pytest.approx([math.log(e) for e in expected], abs=1e-9)
+
+
+def test_oracle_on_a_truncated_or_longer_response_and_its_sequence_probability():
+    lp = [math.log(p) for p in P]
+    assert teacher.oracle_logprobs(lp[:2], [5, 6], [5, 6, 7], 0.5) == pytest.approx([math.log(0.75), math.log(0.8)])
+    longer = teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6], 0.5)  # y goes on after c ended: the student from there
+    assert longer == pytest.approx([math.log(0.75), math.log(0.8), math.log(0.5 * 0.16 / 0.6)])
+    # on c itself the conditionals multiply to (1−α)·π_s(c) + α (what candidate_gain uses)
+    assert sum(teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6, 7], 0.3)) == pytest.approx(math.log(0.7 * 0.16 + 0.3))
+
+
+def _routed(tok):
+    """Two turns of one task under restricted decoding, matched to a reference whose candidates are 'go to fridge 1'
+    (admissible at turn 0) and 'open fridge 1' (not admissible at turn 1), and one unmatched turn."""
+    ref = router.Trajectory("t", "ref", [router.Step(("s0",), "", "o0", "go to fridge 1"),
+                                         router.Step(("s1",), "", "o1", "open fridge 1")], True)
+    admissible = [["go to fridge 1", "go to table 1", "look"], ["look", "go to table 1"], ["look"]]
+    turns = []
+    for i, adm in enumerate(admissible):
+        resp = teacher.candidate_ids(tok, adm[-1])
+        turns.append(SimpleNamespace(
+            task=envs.Task("t", "pick_and_place_simple", "alfworld", ""), user_text=f"student prompt {i}",
+            prompt_ids=chat_ids(tok, f"student prompt {i}"), signature=(f"s{i}",), response_ids=resp,
+            sample_logprobs=[-0.5] * len(resp), admissible=adm,
+            allowed=allowed_per_position(action_trie(tok, [envs.action_response(a) for a in adm]), resp)))
+    return turns, [router.Match(ref, 0, "go to fridge 1"), router.Match(ref, 1, "open fridge 1"), None]
+
+
+def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_only(tiny):
+    _, tok = tiny
+    turns, matches = _routed(tok)
+    calls = []
+
+    def scorer(prompts, responses, allowed=None):
+        calls.append((prompts, responses, allowed))
+        return [[-0.25] * len(r) for r in responses]
+    lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(oracle=0.5), scorer)
+    assert lp[2] is None and stats["sd/distilled_turns"] == 2 and stats["sd/teacher_tokens"] == 0
+    for i in (0, 1):  # each turn's own sampled tokens against its candidate's tokens
+        c = teacher.candidate_ids(tok, matches[i].candidate)
+        assert lp[i] == teacher.oracle_logprobs(turns[i].sample_logprobs, turns[i].response_ids, c, 0.5)
+    # candidate gain: one student pass over the admissible candidate only, with the allowed ids its trie gives
+    (prompts, responses, allowed), = calls
+    c = teacher.candidate_ids(tok, "go to fridge 1")
+    assert prompts == [turns[0].prompt_ids] and responses == [c] and stats["sd/candidate_turns"] == 1
+    assert allowed == [allowed_per_position(action_trie(tok, [envs.action_response(a) for a in turns[0].admissible]),
+                                            c)]
+    s = -0.25 * len(c)  # log π_θ(c); the oracle's log π_T(c) = log(0.5·π_θ(c) + 0.5)
+    assert stats["sd/candidate_gain_sum"] == pytest.approx(math.log(0.5 * math.exp(s) + 0.5) - s)
+    with pytest.raises(ValueError, match="oracle needs a reference candidate"):
+        teacher.teacher_signal(turns, [router.Match(None, -1, "")] * 3, "skill", tok, TeacherConfig(oracle=0.5),
+                               scorer)
+
+
+def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(tiny):
+    _, tok = tiny
+    turns, matches = _routed(tok)
+    calls = []
+
+    def scorer(prompts, responses, allowed=None):
+        calls.append((prompts, responses, allowed))
+        return [[-1.0 if len(calls) == 3 else -3.0] * len(r) for r in responses]  # the teacher pass of c: -1
+    lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(), scorer)
+    assert [len(x) for x in calls[0][:2]] == [2, 2]  # the distillation pass: both matched turns
+    student, cand_teacher = calls[1], calls[2]
+    c = teacher.candidate_ids(tok, "go to fridge 1")
+    assert student[0] == [turns[0].prompt_ids] and cand_teacher[0] == [calls[0][0][0]]  # ordinary vs teacher prompt
+    assert student[1] == cand_teacher[1] == [c] and student[2] == cand_teacher[2]
+    assert stats["sd/candidate_gain_sum"] == pytest.approx(2.0 * len(c)) and stats["sd/candidate_turns"] == 1
+    _, off = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(candidate_gain=False), scorer)
+    assert "sd/candidate_turns" not in off
