@@ -7,7 +7,8 @@
 - L_SD: on-policy self-distillation on the response tokens of *distilled* turns only (the router decides which).
   Δ_t = log π_T(y_t) − log π_θ(y_t) on the student's own sampled token y_t; four forms (`--grpo.sd-loss`, set by
   --algo), each tested against a hand-computed gradient (tests/test_grpo.py):
-    reverse-kl (FullPath-SD, SMRC-SD)   ℓ_t = sg(log π_θ − log π_T) · log π_θ          ∇ = −Δ · ∇log π_θ
+    reverse-kl (FullPath-SD, SMRC-SD)   ℓ_t = sg(ρ·(log π_θ − log π_T)) · log π_θ      ∇ = −ρ · Δ · ∇log π_θ
+                                        ρ = 1 on the first mini-batch, detached after it (below)
     skill-sd   (Skill-SD, λ = 0.001)    ℓ_t = ρ · k3,  k3 = e^{−u} − 1 + u,  u = log π_θ − sg(log π_T),
                                         ρ = exp(min(log π_θ − log π_old, 10)), ρ NOT detached   ∇ = −ρ · Δ · ∇log π_θ
     sdar       (SDAR, λ = 0.01, β = 5)  ℓ_t = g · (sg(log π_T) − log π_θ),  g = σ(β · sg(Δ))    ∇ = −g · ∇log π_θ
@@ -17,13 +18,23 @@
   check); it is the O(1)-per-token estimator of KL(π_θ ‖ π_T) used by tinker OPD, TRL SDPO (`sampled_token`) and
   verl OPD (k1 PG). skill-sd is its importance-weighted version (the same gradient at ρ = 1, which a single on-policy
   mini-batch gives). The sdar forms always push the sampled token up (a gated likelihood, not a KL), which is why the
-  anchors run them at a tiny λ. λ (`--grpo.sd-coef`) defaults to the form's anchor value (SD_COEF below).
+  anchors run them at a tiny λ. λ (`--grpo.sd-coef`) defaults to the form's anchor value (SD_COEF below; a
+  preset's λ replaces it for reverse-kl only: config.py).
 - Normalisation (`--grpo.sd-norm`): `all` (default) divides Σ ℓ_t by N_tokens, every response token of the
   mini-batch, as L_GRPO is: verl's token-mean over the batch the loss is added to, which is how the anchors add
   their distillation terms (SDAR and Skill-SD aggregate with the actor's loss_agg_mode over all response tokens), so
   a distilled token weighs λ times a GRPO token whatever the match rate, and λ = 0 reproduces GRPO exactly (tested).
   The price: at 20% coverage SMRC-SD's distillation gradient is ~5x smaller than FullPath-SD's at the same λ.
   `distilled` divides by the distilled tokens of the mini-batch instead (a per-distilled-token mean).
+- Off-policy mini-batches: the turns were sampled by the step's first weights, so on later mini-batches (and epochs)
+  the reverse-kl term is weighted by a detached ρ = exp(min(log π_θ − log π_old, log cap)) (`--grpo.sd-is-cap`, 2):
+  ∇ = ρ·(−Δ)·∇log π_θ, exact on samples of π_old up to the truncation. On the first mini-batch ρ = 1 exactly (the
+  sampling weights), so a one-mini-batch update is unchanged. skill-sd has its own ρ; the sdar forms take none.
+  The teacher is frozen for the step (a stated approximation, no re-score): its log-probs are computed once, before
+  the update, by the weights that sampled, so later mini-batches use Δ = log π_T(step-start weights) − log π_θ.
+- Diagnostics: ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ (the PPO term and the SD term as they enter L, before clipping), measured
+  apart by autograd.grad on the step's first micro-batch (2 extra backward passes of it; `--grpo.term-grad-norms`,
+  skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their ratio actor/sd_grpo_grad_ratio.
 
 Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
 turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
@@ -67,12 +78,18 @@ class GRPOConfig:
     sd_loss: Literal["reverse-kl", "skill-sd", "sdar", "grpo-opsd"] | None = None
     """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
     sd_coef: float | None = None
-    """λ of L_SD; None = the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001,
-    sdar and grpo-opsd 0.01"""
+    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.3: config.PRESET_SD_COEF), else
+    the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and grpo-opsd
+    0.01"""
     sd_gate_beta: float = 5.0
     """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
     sd_norm: Literal["all", "distilled"] = "all"
     """L_SD divided by every response token of the mini-batch (all, verl token-mean) or by its distilled ones"""
+    sd_is_cap: float = 2.0
+    """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's truncated-IS
+    cap: 2; inf = untruncated)"""
+    term_grad_norms: bool = True
+    """measure the GRPO and SD terms' gradient norms apart on each step's first micro-batch (measurement only)"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -134,19 +151,21 @@ def _pad(rows: list[list[float]], R: int) -> torch.Tensor:
     return torch.tensor([r + [0.0] * (R - len(r)) for r in rows], dtype=torch.float32)
 
 
-def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.0):
+def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.0, rho=None):
     """Per-token L_SD (B, R) of one form (module docstring) and its gate g (1 where the form has none); 0 off the
-    distilled tokens. Off them the teacher's log-prob is set to the student's, so no term sees padding values."""
+    distilled tokens. Off them the teacher's log-prob is set to the student's, so no term sees padding values.
+    `rho` (B, R): the reverse-kl form's detached importance ratio (None = 1)."""
     T = torch.where(sd_mask > 0, teacher_logp, logp.detach())                      # (B, R) log π_T, Δ = 0 elsewhere
     delta = (T - logp).detach()                                                   # (B, R) sg(Δ)
     gate = torch.ones_like(logp)
+    rho = torch.ones_like(logp) if rho is None else rho                          # (B, R) sg(ρ)
     if form == "reverse-kl":
-        sd = -delta * logp                                                        # sg(log π_θ − log π_T)·log π_θ
+        sd = rho * -delta * logp                                                  # sg(ρ·(log π_θ − log π_T))·log π_θ
     elif form == "skill-sd":
         u = logp - T                                                              # log π_θ − sg(log π_T)
         k3 = torch.exp(-u) - 1 + u                                                # k3 estimate of KL(π_θ ‖ π_T)
-        rho = torch.exp(torch.clamp(logp - old_logp, max=10.0))                   # importance weight, not detached
-        sd = rho * k3
+        rho_k3 = torch.exp(torch.clamp(logp - old_logp, max=10.0))                # importance weight, not detached
+        sd = rho_k3 * k3
     elif form in ("sdar", "grpo-opsd"):
         gate = torch.sigmoid(beta * delta) if form == "sdar" else torch.full_like(logp, 0.5)  # g = σ(β·sg(Δ))
         sd = gate * (T - logp)                                                    # g·(sg(log π_T) − log π_θ)
@@ -155,11 +174,16 @@ def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.
     return sd * sd_mask, gate * sd_mask
 
 
+def sd_coef(cfg: GRPOConfig) -> float:
+    """λ: --grpo.sd-coef, else the form's anchor value (the trainer passes the resolved λ: config.Config.sd_coef)."""
+    return SD_COEF[cfg.sd_loss or "reverse-kl"] if cfg.sd_coef is None else cfg.sd_coef
+
+
 def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig,
-               sd_scale: float = 1.0):
+               sd_scale: float = 1.0, sd_rho=None):
     """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides by
     N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of that
-    Σ ℓ_t / N_distilled."""
+    Σ ℓ_t / N_distilled; `sd_rho` (B, R) is the reverse-kl term's detached importance ratio (None = 1)."""
     A = advantages.unsqueeze(-1)                                                  # (B, 1)
     ratio = torch.exp(logp - old_logp)                                            # (B, R)
     pg_losses1 = -A * ratio
@@ -167,14 +191,15 @@ def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entr
     pg_losses = torch.maximum(pg_losses1, pg_losses2)                             # (B, R) PPO clip
     pg_losses = torch.where(A < 0, torch.minimum(pg_losses, -A * cfg.clip_ratio_c), pg_losses)  # dual clip
     form = cfg.sd_loss or "reverse-kl"
-    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, form, cfg.sd_gate_beta)  # (B, R)
-    lam = SD_COEF[form] if cfg.sd_coef is None else cfg.sd_coef
+    rho = torch.ones_like(logp) if sd_rho is None else sd_rho                      # (B, R) sg(ρ) of reverse-kl
+    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, form, cfg.sd_gate_beta, rho)  # (B, R)
+    lam = sd_coef(cfg)
     log_r = ref_logp - logp
     kl = (torch.exp(log_r) - log_r - 1).clamp(-10, 10)                            # (B, R) k3 estimator
     loss = pg_losses + lam * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * entropy
     clipped = (pg_losses2 > pg_losses1).float()
     return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=entropy, clipfrac=clipped, ratio=ratio,
-                      gap=(teacher_logp - logp).detach() * sd_mask, gate=gate)
+                      gap=(teacher_logp - logp).detach() * sd_mask, gate=gate, sd_rho=rho * sd_mask)
 
 
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
@@ -189,51 +214,89 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     n_mini = max(1, math.ceil(len(samples) * n_ranks / cfg.mini_batch_size))
     n_mini = world.all_max(n_mini) if world is not None else n_mini
     bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
-    on_policy = n_mini == 1 and cfg.ppo_epochs == 1
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
-    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate",  # the same keys
-                          "rollout_logprob_gap", "tokens", "sd_tokens"], 0.0)  # on every rank, for the reduction below
+    ctx = _Pass(model, ref_model, cfg, pad_id, temperature, device, autocast, n_mini == 1 and cfg.ppo_epochs == 1,
+                world)
+    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate", "sd_rho",
+                          "rollout_logprob_gap", "tokens", "sd_tokens",  # the same keys on every rank, for the
+                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)  # reduction in _summary
     grad_norms, skips = [], 0
     model.train()
-    for _ in range(cfg.ppo_epochs):
+    for epoch in range(cfg.ppo_epochs):
         for m in range(n_mini):
-            mb = samples[bounds[m]:bounds[m + 1]]
-            n_tokens = float(sum(len(s.response_ids) for s in mb))
-            n_sd = float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None))
-            if world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
-                n_tokens, n_sd = world.all_sum(n_tokens), world.all_sum(n_sd)
-            sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if cfg.sd_norm == "distilled" else 1.0
             optimizer.zero_grad(set_to_none=True)
-            mb_loss = 0.0
-            chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
-            # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank
-            # with fewer micro-batches adds zero-loss passes
-            n_micro = world.all_max(len(chunks)) if world is not None else len(chunks)
-            chunks += [None] * (n_micro - len(chunks))
-            for c, idx in enumerate(chunks):
-                sync = nullcontext() if c == len(chunks) - 1 or not hasattr(model, "no_sync") else model.no_sync()
-                with sync:
-                    micro = [mb[i] for i in idx] if idx is not None else [Sample([pad_id], [pad_id], 0.0, [0.0])]
-                    stats = _micro_step(model, ref_model, micro, cfg, pad_id, temperature, device, autocast,
-                                        on_policy, max(n_tokens, 1.0) / n_ranks, sd_scale, dummy=idx is None)
-                mb_loss += stats.pop("loss", 0.0)
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
+            mb_loss = _mini_batch(ctx, samples[bounds[m]:bounds[m + 1]], sums, first=epoch == 0 and m == 0)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
             skips += nonfinite_streak > 0
             grad_norms += [grad_norm] if nonfinite_streak == 0 else []
-    if world is not None:  # logged numbers mean the same as in one process: token means over every rank's tokens
+    out = _summary(sums, world)
+    out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+                "actor/lr": optimizer.param_groups[0]["lr"], "actor/optimizer_steps": len(grad_norms),
+                "actor/nonfinite_skips": skips, "actor/nonfinite_streak": nonfinite_streak})
+    return out
+
+
+@dataclass
+class _Pass:
+    """What every micro-batch of one `update` shares."""
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    cfg: GRPOConfig
+    pad_id: int
+    temperature: float
+    device: torch.device
+    autocast: object
+    on_policy: bool  # one mini-batch, one epoch: the old log-probs are this forward's, detached
+    world: object
+
+
+def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool) -> float:
+    """Forward/backward of one mini-batch over its micro-batches (gradients accumulated, stats added to `sums`);
+    returns its loss. `first`: the step's first mini-batch, on the weights that sampled."""
+    n_ranks = ctx.world.world_size if ctx.world is not None else 1
+    n_tokens = float(sum(len(s.response_ids) for s in mb))
+    n_sd = float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None))
+    if ctx.world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
+        n_tokens, n_sd = ctx.world.all_sum(n_tokens), ctx.world.all_sum(n_sd)
+    sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if ctx.cfg.sd_norm == "distilled" else 1.0
+    mb_loss = 0.0
+    chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], ctx.cfg.micro_batch_tokens)
+    # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank with
+    # fewer micro-batches adds zero-loss passes
+    n_micro = ctx.world.all_max(len(chunks)) if ctx.world is not None else len(chunks)
+    chunks += [None] * (n_micro - len(chunks))
+    measure = first and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
+    for c, idx in enumerate(chunks):
+        sync = nullcontext() if c == len(chunks) - 1 or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()
+        with sync:
+            micro = [mb[i] for i in idx] if idx is not None else [Sample([ctx.pad_id], [ctx.pad_id], 0.0, [0.0])]
+            stats = _micro_step(ctx, micro, max(n_tokens, 1.0) / n_ranks, sd_scale, dummy=idx is None, first=first,
+                                measure=measure and c == 0)
+        mb_loss += stats.pop("loss", 0.0)
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v
+    return mb_loss
+
+
+def _summary(sums: dict, world) -> dict:
+    """The logged actor/ numbers from the summed stats: token means over every rank's tokens (the same meaning as in
+    one process); per distilled token for the SD ones; the term gradient norms averaged over the ranks that
+    measured them."""
+    if world is not None:
         sums = {k: world.all_sum(v) for k, v in sorted(sums.items())}
-    n_tok, n_sd = sums.pop("tokens"), sums.pop("sd_tokens")
-    out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in ("sd_loss", "gap", "gate")}
+    n_tok, n_sd, n_gn = sums.pop("tokens"), sums.pop("sd_tokens"), sums.pop("grad_norm_measured")
+    per_sd = ("sd_loss", "gap", "gate", "sd_rho", "grad_norm_grpo", "grad_norm_sd")
+    out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in per_sd}
     out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
     out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else float("nan")  # teacher − current policy
     out["actor/sd_gate"] = sums["gate"] / max(n_sd, 1) if n_sd else float("nan")  # mean gate (1 for ungated forms)
-    out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-                "actor/lr": optimizer.param_groups[0]["lr"], "actor/optimizer_steps": len(grad_norms),
-                "actor/tokens": n_tok, "actor/nonfinite_skips": skips, "actor/nonfinite_streak": nonfinite_streak})
+    out["actor/sd_is_ratio"] = sums["sd_rho"] / max(n_sd, 1) if n_sd else float("nan")  # mean ρ of reverse-kl
+    g_pg, g_sd = (sums["grad_norm_grpo"] / n_gn, sums["grad_norm_sd"] / n_gn) if n_gn else (math.nan, math.nan)
+    out.update({"actor/grad_norm_grpo": g_pg, "actor/grad_norm_sd": g_sd,
+                "actor/sd_grpo_grad_ratio": g_sd / g_pg if g_pg > 0 else (math.inf if g_sd > 0 else math.nan),
+                "actor/tokens": n_tok})
     return out
 
 
@@ -255,24 +318,29 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
     return streak + 1
 
 
-def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, device, autocast, on_policy, norm,
-                sd_scale=1.0, dummy=False):
-    batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], pad_id).to(device)
+def _micro_step(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float = 1.0, dummy: bool = False,
+                first: bool = True, measure: bool = False) -> dict:
+    cfg, device = ctx.cfg, ctx.device
+    batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], ctx.pad_id).to(device)
     R = batch.response_ids.shape[1]
     mask = batch.response_mask.float()                                                     # (B, R)
     allowed = [s.allowed for s in mb] if any(s.allowed is not None for s in mb) else None  # the sampling mask
-    with autocast:
-        logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True, allowed=allowed)  # (B, R)
+    with ctx.autocast:
+        logp, entropy = token_logprobs(ctx.model, batch, ctx.temperature, with_entropy=True, allowed=allowed)  # (B, R)
         ref_logp = logp.detach()
-        if cfg.kl_coef > 0 and ref_model is not None:
+        if cfg.kl_coef > 0 and ctx.ref_model is not None:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(ref_model, batch, temperature, allowed=allowed)
-    old_logp = logp.detach() if on_policy else _pad([s.sample_logprobs for s in mb], R).to(device)
+                ref_logp, _ = token_logprobs(ctx.ref_model, batch, ctx.temperature, allowed=allowed)
+    old_logp = logp.detach() if ctx.on_policy else _pad([s.sample_logprobs for s in mb], R).to(device)
     teacher_logp = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
     sd_mask = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device) * mask
     advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
-    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg, sd_scale)
+    # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, truncated at the cap)
+    sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp, max=math.log(cfg.sd_is_cap)))
+    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg, sd_scale,
+                                 sd_rho)
     loss = (loss_tok * mask).sum() / norm * (0.0 if dummy else 1.0)  # a dummy pass only keeps ranks in step
+    gn = _term_grad_norms(ctx.model, terms, mask, norm, sd_coef(cfg) * sd_scale) if measure and not dummy else {}
     loss.backward()
     if dummy:
         return {}
@@ -280,5 +348,17 @@ def _micro_step(model, ref_model, mb: list[Sample], cfg, pad_id, temperature, de
     # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
     stats["rollout_logprob_gap"] = float(((_pad([s.sample_logprobs for s in mb], R).to(device) - logp.detach()).abs()
                                           * mask).sum())
-    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()))
+    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()), **gn)
     return stats
+
+
+def _term_grad_norms(model, terms: dict, mask, norm: float, sd_weight: float) -> dict:
+    """‖∇L_GRPO‖ (the PPO term) and ‖∇(λ·L_SD)‖ of one micro-batch, each as it enters the loss, by autograd.grad on
+    the graph the real backward then uses: measurement only, nothing is accumulated into .grad."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = {"grad_norm_measured": 1.0}
+    for name, term in (("grpo", terms["pg_loss"]), ("sd", sd_weight * terms["sd_loss"])):
+        grads = torch.autograd.grad((term * mask).sum() / norm, params, retain_graph=True, allow_unused=True)
+        sq = [g.float().pow(2).sum() for g in grads if g is not None]
+        out[f"grad_norm_{name}"] = float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+    return out

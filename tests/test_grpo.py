@@ -3,6 +3,7 @@
 Run: pytest tests/test_grpo.py -q
 """
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -263,3 +264,77 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
     expected = sum((math.log(0.2) - t) * (torch.nn.functional.one_hot(torch.tensor(y), 5) - p)
                    for y, t in zip([0, 3], teacher)) / 5
     assert torch.allclose(grads["all"], expected.float(), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The oracle teacher through the reverse-kl loss, the importance ratio of later mini-batches, the term gradient norms
+
+def _onehot(y, V=5):
+    return torch.nn.functional.one_hot(torch.tensor(y), V).float()
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
+    """ToyLM at uniform π = 1/5; the student sampled y = (0, 3), the candidate is c = (0, 1). The oracle's
+    conditionals: y_1 = c_1, p_T = 0.2(1−α) + α; y_2 leaves c, p_T = 0.04(1−α) / (0.2(1−α) + α) (0 at α = 1:
+    floored). Gradient = Σ_t (log π_θ(y_t) − log p_T(y_t))·(e_{y_t} − π) / 2 tokens; 0 at α = 0 (teacher = student)."""
+    import teacher
+    T = teacher.oracle_logprobs([math.log(0.2)] * 2, [0, 3], [0, 1], alpha)
+    p1 = 0.2 * (1 - alpha) + alpha
+    p2 = 0.04 * (1 - alpha) / p1 if alpha < 1 else 1e-6
+    assert T == pytest.approx([math.log(p1), math.log(p2)])
+    m = ToyLM()
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9)
+    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), [Sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg,
+                pad_id=0)
+    pi = torch.full((5,), 0.2)
+    expected = ((math.log(0.2) - math.log(p1)) * (_onehot(0) - pi)
+                + (math.log(0.2) - math.log(p2)) * (_onehot(3) - pi)) / 2
+    assert torch.allclose(m.logits.grad, expected, atol=1e-6)
+    assert (m.logits.grad.abs().max() < 1e-6) == (alpha == 0.0)
+
+
+@pytest.mark.parametrize("cap", [math.inf, 1.2])  # untruncated, and truncated at 1.2
+def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_frozen(cap):
+    """Two mini-batches of one distilled token y = 0 each, sampled at uniform weights w0 (log π_old = log 0.2), the
+    teacher's log-probs fixed before the update (log 0.5: the teacher does not move within the step). SGD, lr 1:
+    mini-batch 1: g1 = (log π_w0(0) − log 0.5)·(e_0 − π_w0), ρ = 1; mini-batch 2 at w1 = w0 − g1:
+    g2 = ρ·(log π_w1(0) − log 0.5)·(e_0 − π_w1), ρ = min(π_w1(0) / 0.2, cap) > 1."""
+    old, T = math.log(0.2), math.log(0.5)
+    m = ToyLM()
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, mini_batch_size=1,
+                     sd_is_cap=cap, term_grad_norms=False)
+    out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [Sample([1], [0], 0.0, [old], [T])] * 2, cfg,
+                      pad_id=0)
+    w = torch.zeros(5)
+    pi = torch.softmax(w, -1)
+    w = w - (math.log(pi[0]) - T) * (_onehot(0) - pi)                            # mini-batch 1: ρ = 1 exactly
+    pi = torch.softmax(w, -1)
+    rho = min(float(pi[0]) / 0.2, cap)
+    assert float(pi[0]) / 0.2 > 1.5                                               # really off-policy
+    w = w - rho * (math.log(pi[0]) - T) * (_onehot(0) - pi)                      # mini-batch 2: ρ·(−Δ)·∇log π_θ
+    assert torch.allclose(m.logits.detach(), w, atol=1e-5)
+    assert out["actor/sd_is_ratio"] == pytest.approx((1 + rho) / 2, rel=1e-5)
+
+
+def test_term_gradient_norms_are_each_terms_norm_and_change_nothing():
+    """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the same
+    update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
+    samples = [Sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
+               Sample([1], [2], -1.0, [math.log(0.2)])]
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9)
+
+    def run(data, measure=True):
+        m = ToyLM()
+        m.logits.data = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5])
+        out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.1), data,
+                          dataclasses.replace(cfg, term_grad_norms=measure), pad_id=0)
+        return out, m.logits.detach()
+    both, w = run(samples)
+    grpo_only, _ = run([dataclasses.replace(s, teacher_logprobs=None) for s in samples])
+    sd_only, _ = run([dataclasses.replace(s, advantage=0.0) for s in samples])
+    assert both["actor/grad_norm_grpo"] == pytest.approx(grpo_only["actor/grad_norm"], rel=1e-5)
+    assert both["actor/grad_norm_sd"] == pytest.approx(sd_only["actor/grad_norm"], rel=1e-5)
+    assert both["actor/sd_grpo_grad_ratio"] == pytest.approx(sd_only["actor/grad_norm"] / grpo_only["actor/grad_norm"])
+    off, w_off = run(samples, measure=False)
+    assert torch.equal(w, w_off) and math.isnan(off["actor/grad_norm_sd"])
