@@ -23,7 +23,8 @@ Inference and evaluation see only the ordinary prompt: reference, signatures and
 3-5 and never enter a rollout prompt.
 
 Read the method in this order: envs.py (the environment contract), rollout.py, router.py, teacher.py, grpo.py,
-models.py; the support lives in environments/, scale/, embedded/ (and analysis/, bench/ beside evaluate.py).
+models.py; the flags and presets are in config.py, the support in environments/, scale/, embedded/ (and analysis/,
+bench/ beside evaluate.py).
 """
 
 import copy
@@ -34,11 +35,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-import tyro
 from transformers import AutoConfig
 
 import envs
@@ -46,177 +45,17 @@ import grpo
 import rollout
 import router
 import teacher
+from config import (ALGOS, PRESETS, Config, RolloutConfig, config_from_run, learn_preset,  # noqa: F401 (re-exported)
+                    parse_config, tiny_preset)
 from embedded.warmstart import RECIPES, TINY, resolve
-from environments.alfworld import AlfworldConfig
 from environments.pool import EnvPool
-from environments.webshop import WebShopConfig
-from grpo import GRPOConfig
-from models import HFEngine, SamplingConfig, load_model
-from router import RouterConfig
+from models import HFEngine, load_model
 from scale import distributed
-from scale.checkpoint import (fill_dataclass, load_trainer_state, resume_checkpoint, save_checkpoint, seed_step,
-                              set_aside_newer)
-from scale.distributed import DistConfig, World, init_distributed, print0
+from scale.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint, seed_step, set_aside_newer
+from scale.distributed import World, init_distributed, print0
 from scale.monitor import log_step, save_best, validate
 from scale.preflight import prepare_output_dir, validate_config
 from scale.vllm_engine import VLLMEngine
-from teacher import TeacherConfig
-
-ALGOS = {  # --algo → (matcher, teacher context, L_SD form) unless --router.matcher/--router.context/--grpo.sd-loss say
-    "grpo": ("none", "fullpath", "reverse-kl"),
-    "fullpath-sd": ("all", "fullpath", "reverse-kl"),
-    "smrc-sd": ("structured", "full", "reverse-kl"),
-    "skill-sd": ("every", "skill", "skill-sd"),     # Skill-SD as SDAR's repository codes it: ρ·k3, λ = 0.001
-    "sdar": ("every", "skill", "sdar"),             # SDAR: σ(5·sg(Δ))-gated likelihood, λ = 0.01
-    "grpo-opsd": ("every", "skill", "grpo-opsd"),   # GRPO+OPSD: the same with the gate fixed at 0.5
-}
-
-
-@dataclass
-class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
-    """generation engine: transformers generate (hf) or vLLM (vllm)"""
-    tasks_per_step: int = 16
-    """task groups per step (verl-agent: 16)"""
-    group_size: int = 8
-    """rollouts per task; GRPO statistics are per group (verl-agent: 8)"""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    max_prompt_tokens: int = 4096
-    """student prompt budget; an over-long prompt falls back to the no-history prompt, then ends the episode (counted)"""
-    gen_batch_size: int = 64
-    """prompts per generate call (hf engine)"""
-    action_space: Literal["free", "admissible"] = "free"
-    """free: the model writes its response (the paper); admissible: token-level decoding restricted to
-    `<action>{one admissible command}</action>` (a prefix trie, the same mask in sampling, teacher and update): a
-    CPU-scale choice for tiny models, hf engine and require_think=False only"""
-    vllm_gpu_memory: float = 0.5
-    """vllm engine: share of GPU memory for weights + KV cache (it sleeps during the update)"""
-
-
-@dataclass
-class Config:
-    preset: Literal["none", "tiny", "learn"] = "none"
-    """named preset applied before the other flags; tiny = CPU smoke run of tiny-agent-quick on small generated
-    games; learn = the CPU mini-reproduction of bench/learn.py"""
-    env: Literal["alfworld", "webshop"] = "alfworld"
-    """environment"""
-    algo: Literal["grpo", "fullpath-sd", "smrc-sd", "skill-sd", "sdar", "grpo-opsd"] = "smrc-sd"
-    """training algorithm (sets the router's matcher, the teacher context and the form of L_SD: ALGOS)"""
-    model: str = "Qwen/Qwen3-1.7B"
-    """Hugging Face model id or local directory; 'tiny' / 'tiny-agent' = the embedded CPU models (embedded/)"""
-    seed: int = 0
-    """seed of everything (task sampling, generation, routing control)"""
-    steps: int = 150
-    """training steps"""
-    output_dir: str = "runs/smrc"
-    """run directory: config.json, metrics.jsonl, checkpoints step_XXXXXX/"""
-    save_every: int = 10
-    """checkpoint every N steps (and always at the end)"""
-    keep_checkpoints: int = 3
-    """checkpoints kept (oldest deleted first)"""
-    resume: bool = False
-    """continue from the latest checkpoint in output_dir (without it, a folder holding checkpoints is refused)"""
-    resume_from: str = ""
-    """continue from this checkpoint instead (a folder, or a step_XXXXXX name in output_dir); implies --resume"""
-    eval_every: int = 0
-    """validate every N steps (and at the last) on a fixed panel, logged to metrics.jsonl, best weights kept in
-    output_dir/best/ (0 = never: the CPU default; the anchors validate every 5)"""
-    eval_tasks: int = 128
-    """validation panel: this many tasks of the eval split, type-stratified, seeded by --seed (anchors: 128)"""
-    eval_temperature: float = 0.4
-    """validation sampling temperature (verl-agent and SDAR: 0.4)"""
-    archive_max_turns: int = 1_000_000
-    """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are counted,
-    not written (0 = no archive)"""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
-    alfworld: AlfworldConfig = field(default_factory=lambda: AlfworldConfig(source="official"))
-    webshop: WebShopConfig = field(default_factory=WebShopConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    router: RouterConfig = field(default_factory=RouterConfig)
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-
-    @property
-    def matcher(self) -> str:  # the skill baselines given a trajectory context (--router.context) route as FullPath-SD
-        default = ALGOS[self.algo][0]
-        return self.router.matcher or ("all" if default == "every" and self.context != "skill" else default)
-
-    @property
-    def context(self) -> str:
-        return self.router.context or ALGOS[self.algo][1]
-
-    @property
-    def history_window(self) -> int:  # h of the history matcher: the prompt's by default
-        return self.env_cfg.history_length if self.router.history_window is None else self.router.history_window
-
-    @property
-    def sd_loss(self) -> str:
-        return self.grpo.sd_loss or ALGOS[self.algo][2]
-
-    @property
-    def env_cfg(self):
-        return self.alfworld if self.env == "alfworld" else self.webshop
-
-
-def tiny_preset() -> Config:
-    """Runs end to end on 2 CPU cores in a few minutes: `tiny-agent-quick` (the embedded tiny model after a short
-    behaviour-cloning warm start, embedded/warmstart.py) on small generated games, decoding restricted to the
-    admissible commands. The planner's solutions also seed the reference bank (router deviation 4), so the
-    distillation path does real work from the first step."""
-    return Config(
-        preset="tiny", model="tiny-agent-quick", steps=10, output_dir="runs/tiny", save_every=5,
-        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
-                                max_steps=20, require_think=False),
-        webshop=WebShopConfig(max_steps=8, require_think=False),
-        rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64, action_space="admissible",
-                              sampling=SamplingConfig(max_new_tokens=24)),
-        grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192, sd_coef=0.1),
-        router=RouterConfig(seed_with_planner=True),
-    )
-
-
-def learn_preset() -> Config:
-    """The CPU mini-reproduction (bench/learn.py): `tiny-agent` on small generated games (20-step limit: the expert
-    needs at most 18 there), decoding restricted to the admissible commands, references = the policy's own successes
-    only (as in the paper), no KL anchor, 4 tasks x 8 rollouts per step."""
-    return Config(
-        preset="learn", model="tiny-agent", steps=20, output_dir="runs/learn", save_every=10,
-        alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=320, num_eval_games=200,
-                                max_steps=20, require_think=False),
-        rollout=RolloutConfig(tasks_per_step=4, group_size=8, gen_batch_size=64, action_space="admissible",
-                              sampling=SamplingConfig(max_new_tokens=24)),
-        grpo=GRPOConfig(lr=2e-4, kl_coef=0.0, mini_batch_size=128, micro_batch_tokens=8192, sd_coef=0.3),
-    )
-
-
-PRESETS = {"none": Config, "tiny": tiny_preset, "learn": learn_preset}
-
-
-def parse_config(argv: list[str]) -> Config:
-    """`--preset NAME` picks the defaults; every other flag overrides them (tyro shows all fields in --help)."""
-    name = "none"
-    for i, a in enumerate(argv):
-        if a == "--preset" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif a.startswith("--preset="):
-            name = a.split("=", 1)[1]
-    if name not in PRESETS:
-        raise SystemExit(f"unknown --preset {name!r}; choose from {sorted(PRESETS)}")
-    return tyro.cli(Config, default=PRESETS[name](), args=argv, description=__doc__)
-
-
-def config_from_run(path: Path | None, preset: str) -> Config:
-    """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
-    cfg = PRESETS[preset]()
-    for name in ("smrc_config.json", "config.json"):
-        if path is not None and (path / name).exists():
-            unknown = fill_dataclass(cfg, json.loads((path / name).read_text()))
-            if unknown:
-                print(f"[config] {path / name}: {len(unknown)} unknown keys ignored: {unknown}", flush=True)
-            break
-    return cfg
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -304,6 +143,10 @@ def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
     if cfg.matcher == "every" and cfg.context != "skill":
         raise SystemExit(f"error: --router.matcher every distils turns without a reference, which --router.context "
                          f"{cfg.context} needs; use --router.context skill or --router.matcher all")
+    if cfg.teacher.oracle > 0 and cfg.matcher in ("every", "none"):
+        raise SystemExit(f"error: --teacher.oracle needs a reference candidate on every distilled turn, which "
+                         f"--router.matcher {cfg.matcher} does not give; use a matcher with references (structured, "
+                         f"all, history, ...), e.g. --algo smrc-sd or --algo fullpath-sd")
     try:  # missing data: one clear message, not a traceback from deep inside
         train = envs.load_tasks(cfg.env_cfg, "train")
         panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
@@ -362,10 +205,11 @@ def main(cfg: Config) -> None:
     tasks = check_inputs(cfg)
     world = init_distributed(cfg.device)
     out = Path(cfg.output_dir)
-    if world.is_main:
+    if world.is_main:  # the config, and what --algo, the preset and the flags resolved to (the λ applied, ...)
         prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
-        print(json.dumps(dataclasses.asdict(cfg), indent=1), flush=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        dump = json.dumps({**dataclasses.asdict(cfg), "resolved": cfg.resolved()}, indent=1)
+        print(dump, flush=True)
+        (out / "config.json").write_text(dump)
     seed_step(cfg.seed, 0, world.rank)
     # first: the workers fork before any model or engine exists; the pool is sized for this rank's episodes
     pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size)
@@ -378,7 +222,9 @@ def main(cfg: Config) -> None:
 
 def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list]) -> None:
     s = setup(cfg, world, tasks)
-    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} | "
+    oracle = f" oracle alpha={cfg.teacher.oracle:g}" if cfg.teacher.oracle > 0 else ""
+    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} "
+                  f"lambda={cfg.sd_coef:g}{oracle} | "
                   f"{len(s.train_tasks)} train tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M "
                   f"params on {world.device} x{world.world_size} | steps {s.start}->{cfg.steps}")
     try:
@@ -420,7 +266,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
     t_update = time.perf_counter()
     getattr(s.engine, "sleep", lambda: None)()
-    actor = grpo.update(s.model, s.optimizer, samples, dataclasses.replace(cfg.grpo, sd_loss=cfg.sd_loss),
+    actor = grpo.update(s.model, s.optimizer, samples,
+                        dataclasses.replace(cfg.grpo, sd_loss=cfg.sd_loss, sd_coef=cfg.sd_coef),  # λ resolved
                         pad_id=s.tokenizer.pad_token_id,
                         temperature=cfg.rollout.sampling.temperature, ref_model=s.ref_model,
                         world=world if world.enabled else None, nonfinite_streak=s.nonfinite)
@@ -445,4 +292,4 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
 
 
 if __name__ == "__main__":
-    main(parse_config(sys.argv[1:]))
+    main(parse_config(sys.argv[1:], __doc__))

@@ -58,7 +58,7 @@ class TeacherConfig:
     """padded tokens per teacher forward"""
     oracle: float = 0.0
     """oracle-teacher control: α > 0 replaces the model teacher (no forward) by (1−α)·π_student + α·δ_candidate on
-    the same routed turns (module docstring); needs a matcher whose matches carry a candidate (not `every`)"""
+    the same routed turns (teacher.py); needs a matcher whose matches carry a candidate (not `every`)"""
     candidate_gain: bool = True
     """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled turns):
     two extra scoring passes over those turns' candidates (one with the oracle)"""

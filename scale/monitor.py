@@ -12,6 +12,7 @@ kept in output_dir/best/ (loadable with from_pretrained, with best.json naming i
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import time
@@ -45,6 +46,7 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
          "sd/teacher_time_s": max(r["sd"]["sd/teacher_time_s"] for r in everyone),
          "sd/teacher_minus_student_logp": (total("sd", "sd/gap_sum") / total("sd", "sd/distilled_tokens")
                                            if total("sd", "sd/distilled_tokens") else float("nan")),
+         **sd_diagnostics(everyone),
          **actor, "time/step_s": dt, "time/generate_s": max(r["counters"]["gen_s"] for r in everyone),
          "time/env_s": max(r["counters"]["env_s"] for r in everyone),
          "time/env_share": max(r["counters"]["env_s"] for r in everyone) / dt,
@@ -55,9 +57,27 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
         f.write(json.dumps(m) + "\n")
     print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
-          f"gap {m['sd/teacher_minus_student_logp']:.3f} | {dt:.1f}s (env {m['time/env_share']:.0%})"
+          f"gap {m['sd/teacher_minus_student_logp']:.3f} | cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
+          f"grad sd/grpo {actor.get('actor/sd_grpo_grad_ratio', math.nan):.3f} | {dt:.1f}s "
+          f"(env {m['time/env_share']:.0%})"
           + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
           flush=True)
+
+
+def sd_diagnostics(everyone: list[dict]) -> dict:
+    """sd/kl_student_teacher: the k1 estimate of KL(π_student ‖ π_teacher) on the distilled tokens, the mean over
+    them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's own samples;
+    = −sd/teacher_minus_student_logp). sd/candidate_gain: the mean over distilled turns with a candidate of
+    log π_T(c) − log π_θ(c), the candidate's response scored under both prompts (teacher.candidate_gain; absent
+    with --teacher.no-candidate-gain)."""
+    n_tok = sum(r["sd"]["sd/distilled_tokens"] for r in everyone)
+    out = {"sd/kl_student_teacher": -sum(r["sd"]["sd/gap_sum"] for r in everyone) / n_tok if n_tok else math.nan}
+    if "sd/candidate_turns" in everyone[0]["sd"]:
+        n = sum(r["sd"]["sd/candidate_turns"] for r in everyone)
+        out.update({"sd/candidate_gain": sum(r["sd"]["sd/candidate_gain_sum"] for r in everyone) / n if n else math.nan,
+                    "sd/candidate_turns": n,
+                    "sd/candidate_gain_time_s": max(r["sd"]["sd/candidate_gain_time_s"] for r in everyone)})
+    return out
 
 
 def validate(cfg, engine, pool, tokenizer, panel: list, step: int, world) -> dict | None:

@@ -58,6 +58,8 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("grpo.micro_batch_tokens", _int(1)),
     ("grpo.ppo_epochs", _int(1)),
     ("grpo.max_nonfinite_steps", _int(1)),
+    ("grpo.sd_is_cap", ((lambda v: v >= 1), "a number >= 1 (inf: untruncated)")),  # NaN fails
+    ("teacher.oracle", _real(0, 1)),
     ("{env}.max_steps", _int(1)),
 ]
 

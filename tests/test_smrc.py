@@ -6,6 +6,7 @@ Run: pytest tests/test_smrc.py -q   (about 3 minutes on 2 cores)
 import dataclasses
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,12 +54,22 @@ def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(
         assert key in rows[-1]
 
 
-def test_smrc_sd_distils_matched_turns_only(smrc_run):
+def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
+    import smrc
     rows = metrics(smrc_run)
     for r in rows:
         assert r["router/match_rate"] > 0          # planner references seed the bank in the tiny preset
         assert r["sd/distilled_turns"] == r["router/matched_turns"] - r["sd/over_length_turns"]
         assert r["sd/teacher_tokens"] > 0
+        # the diagnostics: k1 KL on distilled tokens, the candidate's gain, the two terms' gradient norms
+        assert r["sd/kl_student_teacher"] == pytest.approx(-r["sd/teacher_minus_student_logp"])
+        assert 0 < r["sd/candidate_turns"] <= r["sd/distilled_turns"] and math.isfinite(r["sd/candidate_gain"])
+        g_pg, g_sd = r["actor/grad_norm_grpo"], r["actor/grad_norm_sd"]  # g_pg = 0 when every return is equal
+        assert g_sd > 0 and r["actor/sd_grpo_grad_ratio"] == pytest.approx(g_sd / g_pg if g_pg else math.inf)
+    resolved = json.loads((smrc_run / "config.json").read_text())["resolved"]
+    assert resolved == {"matcher": "structured", "context": "full", "sd_loss": "reverse-kl", "sd_coef": 0.1,
+                        "teacher_oracle": 0.0}
+    assert smrc.config_from_run(smrc_run, "none").sd_coef == 0.1 and "unknown keys" not in capsys.readouterr().out
     with gzip.open(smrc_run / "rollouts.jsonl.gz", "rt") as f:
         turns = [json.loads(line) for line in f]
     assert len(turns) == sum(r["rollout/turns"] * 6 for r in rows)
@@ -93,19 +104,18 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
         assert tok.decode(t.prompt_ids) .count("<|im_start|>user") == 1
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    run(*FAST, "--steps", "3", "--save-every", "100", "--output-dir", str(full))
-    run(*FAST, "--steps", "2", "--save-every", "100", "--output-dir", str(part))   # "killed" after step 2
-    run(*FAST, "--steps", "3", "--save-every", "100", "--resume", "--output-dir", str(part))
+def test_resume_reproduces_the_uninterrupted_run(smrc_run, tmp_path):
+    full, part = smrc_run, tmp_path / "part"  # the uninterrupted run: smrc_run's 2 steps
+    run(*FAST, "--steps", "1", "--save-every", "100", "--output-dir", str(part))   # "killed" after step 1
+    run(*FAST, "--steps", "2", "--save-every", "100", "--resume", "--output-dir", str(part))
     def archive_steps(run_dir):
         with gzip.open(run_dir / "rollouts.jsonl.gz", "rt") as f:
             return [json.loads(line)["step"] for line in f]
     assert archive_steps(part) == archive_steps(full)   # no archived turn lost or written twice across the resume
-    a, b = metrics(full)[2], metrics(part)[2]
-    assert a["step"] == b["step"] == 3
+    a, b = metrics(full)[1], metrics(part)[1]
+    assert a["step"] == b["step"] == 2
     for k in a:
-        if not k.startswith("time/") and k != "sd/teacher_time_s":
+        if not k.startswith("time/") and not k.endswith("_time_s"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7, nan_ok=True), k
 
 
@@ -127,6 +137,18 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     assert (cfg.matcher, cfg.sd_loss) == ("structured", "skill-sd")
     with pytest.raises(SystemExit, match="^error: --router.matcher every .* --router.context full needs"):
         smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
+    for algo in ("sdar", "grpo"):  # no reference candidate to be an oracle of
+        with pytest.raises(SystemExit, match="^error: --teacher.oracle needs a reference candidate"):
+            smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--algo", algo, "--teacher.oracle", "0.5"]))
+
+
+def test_lambda_applied_after_algo_preset_and_flag():
+    """A preset's λ is of the reverse-kl forms only; the skill-text forms keep their anchor λ; --grpo.sd-coef wins."""
+    import smrc
+    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"), ("none", "fullpath-sd"),
+            ("learn", "sdar", "--grpo.sd-coef", "0.5"), ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
+    lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).sd_coef for preset, algo, *flags in runs]
+    assert lam == [0.3, 0.3, 0.01, 0.001, 1.0, 0.5, 0.01]
 
 
 def _distils_every_turn(rows: list[dict]) -> None:
@@ -157,12 +179,29 @@ def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
 
 def test_sdar_trains_two_steps(tmp_path):
     proc = run(*FAST, "--algo", "sdar", "--steps", "2", "--save-every", "2", "--output-dir", str(tmp_path))
-    assert "matcher=every context=skill L_SD=sdar" in proc.stdout
+    assert "matcher=every context=skill L_SD=sdar lambda=0.01 |" in proc.stdout  # the anchor λ, not the preset's
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     _distils_every_turn(rows)
     assert all(0.0 < r["actor/sd_gate"] < 1.0 for r in rows)  # σ(5·Δ) gate
-    assert json.loads((tmp_path / "config.json").read_text())["algo"] == "sdar"
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["algo"] == "sdar" and config["resolved"]["sd_coef"] == 0.01
+
+
+@pytest.mark.parametrize("algo,alpha,matcher", [("fullpath-sd", "1", "all"), ("smrc-sd", "0.5", "structured")])
+def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
+    """--teacher.oracle: the same routed turns distilled without a teacher forward; the oracle's candidate gain
+    log((1−α)·π(c) + α) − log π(c) is >= 0."""
+    proc = run(*FAST, "--algo", algo, "--teacher.oracle", alpha, "--steps", "2", "--save-every", "2",
+               "--output-dir", str(tmp_path))
+    assert f"matcher={matcher} context=" in proc.stdout and f"lambda=0.1 oracle alpha={alpha} |" in proc.stdout
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["sd/distilled_turns"] == r["router/matched_turns"] - r["sd/over_length_turns"] > 0
+        assert r["sd/teacher_tokens"] == 0 and math.isfinite(r["sd/kl_student_teacher"])
+        assert r["sd/candidate_turns"] > 0 and r["sd/candidate_gain"] >= 0
+        assert r["actor/grad_norm_sd"] > 0 and r["actor/optimizer_steps"] >= 1
 
 
 def test_help_documents_every_section():
@@ -203,6 +242,7 @@ BAD_CONFIG = [  # (flags, the flag the error names)
     (["--router.archive-size", "-1"], "--router.archive-size"),
     (["--grpo.sd-coef", "-0.1"], "--grpo.sd-coef"),
     (["--grpo.sd-gate-beta", "inf"], "--grpo.sd-gate-beta"),
+    (["--teacher.oracle", "1.5"], "--teacher.oracle"),
 ]
 
 
@@ -230,7 +270,6 @@ def test_bad_input_is_one_error_line_before_any_work(tmp_path):
 
 
 def test_nan_loss_is_skipped_counted_never_saved_and_stops_the_run(tmp_path, monkeypatch, capsys):
-    import math
     from safetensors.torch import load_file
     import smrc
     calls = []
