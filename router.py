@@ -396,8 +396,8 @@ TRAJECTORY_TEMPLATE = (
 SUMMARY_TEMPLATE = "[Privileged: summary of your current state]\n{summary}"
 CANDIDATE_TEMPLATE = (
     "[Privileged: candidate next action]\n"
-    "The successful trajectory's action at its step {k}: {candidate}"
-)
+    "The successful trajectory's action at its step {k}: <action>{candidate}</action>"
+)  # the candidate spelled as the response spells it, so copying it reuses the response's tokens
 SKILL_TEMPLATE = "[Privileged: skills for this kind of task]\n{skills}"
 CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation below."
 CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, joined by a blank line

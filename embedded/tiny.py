@@ -109,12 +109,15 @@ def new_model(tokenizer, layers: int, hidden: int, seed: int = 0):
     return model
 
 
-def save_atomically(model, tokenizer, path: Path) -> None:
-    """save_pretrained into a temporary folder, then rename: concurrent builders never see a half-written model."""
+def save_atomically(model, tokenizer, path: Path, extra: dict[str, str] | None = None) -> None:
+    """save_pretrained (plus `extra` text files) into a temporary folder, then rename: concurrent builders never see
+    a half-written model."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    for name, text in (extra or {}).items():
+        (tmp / name).write_text(text)
     if not (tmp / "config.json").exists():  # e.g. a non-zero torchrun rank: transformers saves on rank 0 only
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"building {path.name}: save_pretrained wrote no model files (build it on rank 0)")

@@ -6,13 +6,20 @@ Recipe (its choices and their measurements are in the README, "Learning you can 
 - Demonstrations: per game, one episode of the expert (environments/alfworld_expert.py) and `explore_episodes`
   episodes in which some of its "go to" moves are replaced by random ones. Every turn is one example, the ordinary
   prompt -> `<action>{the expert's action in that state}</action>`, so the agent also learns to recover from states
-  the clean expert never visits (DAgger-style labels).
-- Reference-conditioned examples, the stand-in for in-context ability at CPU scale: a pretrained LLM can read a
-  reference trajectory in its prompt; a model this small cannot unless it learns to. For a share of the turns whose
-  state matches a position of another successful episode of the same game (router.match_structured), the example is
-  the teacher's user message (router.teacher_context in one of the formats the algorithms use, joined to the ordinary
-  prompt as teacher.py joins them) -> the reference's next action. Mismatched states are never used, in either
-  direction, so the teacher's behaviour off-reference is whatever it generalises to, as with a real LLM.
+  the clean expert never visits (DAgger-style labels). The states of the reference runs below get plain examples
+  with the expert's label too.
+- Reference-conditioned examples, the stand-in for in-context ability at CPU scale: a pretrained LLM reads a
+  reference in its prompt untaught; a model this small reads it only where reading was the only way to be right.
+  So the references are clean successful runs whose choices the observation-only expert could not make from its
+  prompt: the engine planner's solution (it walks straight to the hidden object) and the expert with the other
+  search order (it finds the object elsewhere first, and delivers to another receptacle of the kind). Every state
+  of the expert's episodes and of the reference runs that matches a reference position (router.match_structured)
+  gives a context example: the teacher's user message (router.teacher_context in one of CONTEXTS, rotating, joined
+  to the ordinary prompt as teacher.py joins them) -> the reference's next action there (the candidate). The same
+  state's plain example keeps the expert's own label, so where the two differ only the context is right
+  (`context_stats` counts that share by format and phase; the build writes it to warmstart_stats.json).
+  Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever it
+  generalises to, as with a real LLM.
 - Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens, AdamW
   with warm-up and a cosine decay, batches packed by token count.
 Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-quick` (fewer games, for the
@@ -21,6 +28,7 @@ Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-qui
 """
 
 import hashlib
+import json
 import math
 import multiprocessing as mp
 import random
@@ -40,8 +48,8 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v4"  # bump when the code that builds the examples changes; a recipe change renames its own cache
-CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format an algorithm's teacher shows
+VERSION = "v5"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
 
 
 @dataclass(frozen=True)
@@ -51,64 +59,117 @@ class Recipe:
     layers: int = 3            # transformer layers (width 128, the tiny tokenizer)
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
-    context_share: float = 0.35  # matched turns that also give a reference-conditioned example
+    context_formats: int = 1   # context examples per matched state: this many of CONTEXTS, rotating (build time)
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=2.5), TINY_AGENT_QUICK: Recipe(games=128, epochs=2.0)}
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8), TINY_AGENT_QUICK: Recipe(games=128, epochs=1.5)}
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
+PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
 
 
-def expert_episode(env, task: envs.Task, rng: random.Random, explore: float) -> tuple[rollout.Episode, list[str]]:
-    """One expert episode as a rollout.Episode (ordinary prompts, signatures, history keys) and the expert's label
-    in every state it visited (with probability `explore` a "go to" label is not the action taken)."""
+@dataclass
+class Example:
+    user_text: str  # the ordinary prompt, or the teacher's user message (context + ordinary prompt)
+    action: str     # the target
+    format: str = ""  # "" for a plain example, else the context format
+    phase: str = ""   # search | transform | deliver (of the state)
+    plain_label: str = ""  # the expert's label in the same state (a context example's target may differ)
+
+
+def phase(task: envs.Task, signature: envs.Signature) -> str:
+    """search (hands empty), transform (holding, a clean/heat/cool not done yet) or deliver."""
+    sig = dict(signature)
+    if not sig["holding"]:
+        return "search"
+    needs = {"pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "hot",
+             "pick_cool_then_place_in_recep": "cool"}.get(task.task_type)
+    done = any(o in sig["holding"] and flag == needs for o, flag in sig["states"])
+    return "transform" if needs and not done else "deliver"
+
+
+def labelled_episode(env, task: envs.Task, choose) -> tuple[rollout.Episode, list[str]]:
+    """Play `choose(admissible, label) -> action` from reset; every turn records its ordinary prompt, state, history
+    key, and the (observation-only) expert's label in that state, whoever chose the action taken."""
     expert = alfworld_expert.Expert(alfworld_expert.goal_of(task))
     ep, labels = rollout.replay(env, task, []), []
     while not ep.done and len(ep.turns) < GAMES.max_steps:
-        label = taken = expert.act(ep.admissible)
-        if explore and label.startswith("go to ") and rng.random() < explore:
-            taken = rng.choice([a for a in ep.admissible if a.startswith("go to ")])
+        label = expert.label(ep.admissible)
+        taken = choose(ep.admissible, label)
+        expert.follow(taken)
         rollout.replay(env, task, [taken], episode=ep,
                        prompt=lambda e: rollout.turn_prompt(e, "alfworld", GAMES.history_length, False))
         labels.append(label)
     return ep, labels
 
 
-def game_examples(env, task: envs.Task, recipe: Recipe, seed: int) -> list[tuple[str, str]]:
-    """(user message, action) examples of one game: its demonstrations, then its reference-conditioned examples."""
+def explorer(rng: random.Random, explore: float):
+    """The expert, with probability `explore` taking a random "go to" instead of its own (the label stays)."""
+    def choose(admissible: list[str], label: str) -> str:
+        if explore and label.startswith("go to ") and rng.random() < explore:
+            return rng.choice([a for a in admissible if a.startswith("go to ")])
+        return label
+    return choose
+
+
+def reference_runs(env, task: envs.Task, plan: list[str] | None) -> list[tuple[rollout.Episode, list[str]]]:
+    """Clean successful trajectories whose choices the observation-only expert could not make from its prompt: the
+    engine planner's solution (it walks straight to the hidden object) and the expert with the other search
+    order (descending: it finds the object elsewhere first, and delivers to the last receptacle of a kind)."""
+    runs = []
+    if plan:
+        steps = iter(plan)
+        runs.append(labelled_episode(env, task, lambda adm, label: next(steps)))
+    other = alfworld_expert.Expert(alfworld_expert.goal_of(task), reverse=True)
+    runs.append(labelled_episode(env, task, lambda adm, label: other.act(adm)))
+    return [(ep, labels) for ep, labels in runs if ep.won and len(ep.turns) == len(labels)]
+
+
+def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[str] | None) -> list[Example]:
+    """One game's examples. Plain: every state of the expert's clean and perturbed episodes and of the reference
+    runs -> the expert's label. Context: every state of those episodes that matches a reference position
+    (router.match_structured; a reference run's own states match it), in `recipe.context_formats` of the teacher
+    formats -> the reference's next action there (the candidate). Mismatched states give no context example."""
     rng = random.Random(seed)
-    runs = [expert_episode(env, task, rng, recipe.explore_prob if k else 0.0)
-            for k in range(1 + recipe.explore_episodes)]
-    examples = [(t.user_text, label) for ep, labels in runs for t, label in zip(ep.turns, labels)]
-    refs = [rollout.to_trajectory(ep, f"expert-{k}") for k, (ep, _) in enumerate(runs) if ep.won]
-    for k, (ep, _) in enumerate(runs):
-        others = [r for r in refs if r.traj_id != f"expert-{k}"]
-        for t in ep.turns:
-            if not others or rng.random() >= recipe.context_share:
-                continue
-            ref = rng.choice(others)
+    students = [labelled_episode(env, task, explorer(rng, recipe.explore_prob if k else 0.0))
+                for k in range(1 + recipe.explore_episodes)]
+    refs = reference_runs(env, task, plan)
+    students += refs
+    trajectories = [rollout.to_trajectory(ep, f"reference-{k}") for k, (ep, _) in enumerate(refs)]
+    examples = [Example(t.user_text, label) for ep, labels in students for t, label in zip(ep.turns, labels)]
+    seen, rotation = set(), rng.randrange(len(CONTEXTS))
+    for k, (ep, labels) in enumerate(students):
+        for t, label in zip(ep.turns, labels):
             step = router.Step(t.signature, t.history_key, t.observation, t.action)
-            match = router.match_structured(router.Turn(task.task_id, f"expert-{k}", t.index, step), [ref])
-            if match is not None:  # a matched state: the reference's next action is a right one there
-                context = router.teacher_context(rng.choice(CONTEXTS), ref, match, t.signature)
-                examples.append((teacher_user_text(context, t.user_text), match.candidate))
+            for ref in trajectories:
+                match = router.match_structured(router.Turn(task.task_id, f"student-{k}", t.index, step), [ref])
+                if match is None or (t.user_text, ref.traj_id) in seen:
+                    continue
+                seen.add((t.user_text, ref.traj_id))
+                for _ in range(recipe.context_formats):
+                    fmt, rotation = CONTEXTS[rotation % len(CONTEXTS)], rotation + 1
+                    context = router.teacher_context(fmt, ref, match, t.signature)
+                    examples.append(Example(teacher_user_text(context, t.user_text), match.candidate, fmt,
+                                            phase(task, t.signature), label))
     return examples
 
 
-def _worker_examples(job: tuple) -> list[tuple[str, str]]:
-    task, recipe, seed = job
+def _worker_examples(job: tuple) -> list[Example]:
+    task, recipe, seed, plan = job
     env = _WORKER_ENV.get("env") or _WORKER_ENV.setdefault("env", envs.make_env(GAMES))
-    return game_examples(env, task, recipe, seed)
+    return game_examples(env, task, recipe, seed, plan)
 
 
 _WORKER_ENV: dict = {}  # one env per worker process
 
 
-def demonstrations(recipe: Recipe, workers: int = 2) -> list[tuple[str, str]]:
+def demonstrations(recipe: Recipe, workers: int = 2) -> list[Example]:
     """Every game's examples, in game order (deterministic whatever the number of workers)."""
     cfg = AlfworldConfig(**{**GAMES.__dict__, "num_train_games": recipe.games})
-    jobs = [(task, recipe, i) for i, task in enumerate(envs.load_tasks(cfg, "train"))]
+    tasks = envs.load_tasks(cfg, "train")
+    plans = [envs.plan(GAMES, t, [], PLANNER_TIMEOUT_S) for t in tqdm(tasks, desc="tiny-agent: planner references")]
+    jobs = [(task, recipe, i, p.actions if p.status == "ok" else None) for i, (task, p) in enumerate(zip(tasks, plans))]
     with mp.get_context("fork").Pool(workers) as pool:
         per_game = list(tqdm(pool.imap(_worker_examples, jobs, chunksize=4), total=len(jobs),
                              desc="tiny-agent: expert demonstrations"))
@@ -129,11 +190,28 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
     return out
 
 
+def context_stats(examples: list[Example]) -> dict:
+    """Context examples by format and by phase: how many, and the share whose target (the reference's next action)
+    differs from the expert's plain label in the same state (where only reading the context is right)."""
+    ctx = [e for e in examples if e.format]
+    out = {"examples": len(examples), "plain": len(examples) - len(ctx), "context": len(ctx)}
+    for key in ("format", "phase"):
+        for value in sorted({getattr(e, key) for e in ctx}):
+            group = [e for e in ctx if getattr(e, key) == value]
+            out[f"{key}={value}"] = {"n": len(group),
+                                     "target_differs": sum(e.action != e.plain_label for e in group) / len(group)}
+    out["target_differs"] = sum(e.action != e.plain_label for e in ctx) / max(1, len(ctx))
+    return out
+
+
 def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     _, tok = load_model(tiny.model_dir())
     model = tiny.new_model(tok, layers=recipe.layers, hidden=128, seed=seed)
-    data = [(chat_ids(tok, p), tok(envs.action_response(a))["input_ids"] + [tok.eos_token_id])
-            for p, a in demonstrations(recipe)]
+    examples = demonstrations(recipe)
+    stats = context_stats(examples)
+    print(f"{path.name}: {json.dumps(stats)}", flush=True)
+    data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
+            for e in examples]
     rng = random.Random(seed)
     plan = [b for _ in range(math.ceil(recipe.epochs)) for b in _batches([len(p) + len(r) for p, r in data],
                                                                           recipe.batch_tokens, rng)]
@@ -153,7 +231,8 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
         opt.step()
         schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
-    tiny.save_atomically(model, tok, path)
+    stats["final_loss"] = loss.item()
+    tiny.save_atomically(model, tok, path, extra={"warmstart_stats.json": json.dumps(stats, indent=1)})
 
 
 def resolve(name: str) -> str:

@@ -17,6 +17,7 @@ visible in a prompt with one step of history, so a model can imitate it exactly.
 replace some of its "go to" moves by random ones (a DAgger-style perturbation: the label stays the expert's choice,
 so the imitator also learns to recover from states the clean expert never visits).
 """
+import copy
 import json
 import os
 import random
@@ -60,6 +61,7 @@ class Expert:
     goal: Goal
     holding: str | None = None  # object in hand ("mug 1")
     transformed: bool = False   # cleaned / heated / cooled the object in hand
+    reverse: bool = False       # another search order: receptacles in descending order, the last of a kind
     log: list = field(default_factory=list)
 
     def act(self, admissible: list[str]) -> str:
@@ -94,15 +96,32 @@ class Expert:
             return action
         return self._go(places, g.parent)
 
+    def label(self, admissible: list[str]) -> str:
+        """What the expert would do here, without committing to it (its state changes only through `follow`)."""
+        return copy.copy(self).act(admissible)
+
+    def follow(self, action: str) -> None:
+        """Track an action someone else took (a reference's): what is held and whether it was transformed."""
+        verb = action.split(" ", 1)[0]
+        if verb == "take":
+            self.holding = re.match(r"^take (.+) from ", action).group(1)
+        elif verb in ("clean", "heat", "cool"):
+            self.transformed = True
+        elif verb in ("move", "put"):
+            self.holding, self.transformed = None, False
+
     def _search(self, places: list[str], here: str | None, wanted: str) -> str:
-        """The next receptacle after `here` (cyclic, sorted by name) that can hold `wanted`."""
+        """The next receptacle after `here` (cyclic, sorted by name; descending if `reverse`) that can hold `wanted`."""
         fits = [p for p in places if wanted in _HOLDS.get(_kind(p), ()) and _kind(p) != self.goal.parent]
-        later = [p for p in fits if here is None or _order(p) > _order(here)]
+        if self.reverse:
+            fits.reverse()  # places come sorted by name
+        after = (lambda p: _order(p) < _order(here)) if self.reverse else (lambda p: _order(p) > _order(here))
+        later = [p for p in fits if here is None or after(p)]
         return "go to " + (later or fits)[0] if fits else "look"
 
-    @staticmethod
-    def _go(places: list[str], kind: str) -> str:
-        return "go to " + next((p for p in places if _kind(p) == kind), places[0])
+    def _go(self, places: list[str], kind: str) -> str:
+        of_kind = [p for p in places if _kind(p) == kind] or places
+        return "go to " + (of_kind[-1] if self.reverse else of_kind[0])
 
 
 def play(env, task, rng: random.Random, explore: float = 0.0, max_steps: int = 60):

@@ -44,16 +44,57 @@ def test_expert_uses_no_hidden_state(games):
     assert first == shuffled and first.startswith("go to ")
 
 
-def test_warm_start_examples_are_demonstrations_and_matched_contexts(games):
+def test_expert_follow_and_label_track_a_reference_without_acting(games):
+    """Along the planner's path the expert's label is its own choice in that state (not the plan's), and `label`
+    never changes its state: only `follow` does."""
     env, tasks = games
-    recipe = warmstart.Recipe(games=1, epochs=1, context_share=1.0)
-    examples = warmstart.game_examples(env, tasks[2], recipe, seed=0)
-    plain = [(p, a) for p, a in examples if not p.startswith("[Privileged")]
-    conditioned = [(p, a) for p, a in examples if p.startswith("[Privileged")]
-    assert plain and conditioned
-    for prompt, action in conditioned:  # the label is the candidate of the structured match the context shows
-        assert router.CLOSING_TEMPLATE in prompt and "Your admissible actions" in prompt
-        assert f"'{action}'" in prompt.split("Your admissible actions", 1)[1]
+    task = tasks[2]  # clean task: the planner walks straight to the sink basin, the expert searches first
+    plan = envs.plan(CFG, task, [], 60).actions
+    expert = alfworld_expert.Expert(alfworld_expert.goal_of(task))
+    res, labels = env.reset(task), []
+    for action in plan:
+        labels.append(expert.label(res.admissible))
+        assert expert.label(res.admissible) == labels[-1]  # label is pure
+        expert.follow(action)
+        res = env.step(action)
+    assert res.won and labels[0] != plan[0] and labels[0].startswith("go to ")
+    took = next(i for i, a in enumerate(plan) if a.startswith("take "))
+    assert labels[took + 1] == plan[took + 1]  # it knows it holds the object (followed): it cleans it there
+
+
+def test_reverse_order_expert_wins_and_differs(games):
+    env, tasks = games
+    differs = 0
+    for task in tasks:
+        ep, labels = warmstart.labelled_episode(env, task, lambda adm, label, e=alfworld_expert.Expert(
+            alfworld_expert.goal_of(task), reverse=True): e.act(adm))
+        assert ep.won, task.task_id
+        differs += any(t.action != label for t, label in zip(ep.turns, labels))
+    assert differs >= len(tasks) // 2  # another search order: other choices than the default expert's
+
+
+def test_warm_start_context_examples_target_the_reference_at_matched_states(games):
+    """Every context example is a matched state -> the reference's next action (its candidate); the same state also
+    has a plain example with the expert's own label, which differs from the target for some states."""
+    env, tasks = games
+    recipe = warmstart.Recipe(games=1, epochs=1, context_formats=4)
+    task = tasks[2]
+    examples = warmstart.game_examples(env, task, recipe, seed=0, plan=envs.plan(CFG, task, [], 60).actions)
+    plain = {e.user_text: e.action for e in examples if not e.format}
+    context = [e for e in examples if e.format]
+    assert context and {e.format for e in context} == set(warmstart.CONTEXTS)
+    for e in context:
+        ordinary = e.user_text.split(router.CLOSING_TEMPLATE + "\n\n", 1)[1]
+        assert plain[ordinary] == e.plain_label  # the plain example of the same state keeps the expert's label
+        assert f"'{e.action}'" in ordinary.split("Your admissible actions", 1)[1]
+        if e.format in ("candidate", "full"):
+            assert f": <action>{e.action}</action>" in e.user_text  # the candidate, spelled as the response
+    assert any(e.action != e.plain_label for e in context)  # reading is the only way to be right there
+    again = warmstart.game_examples(env, task, recipe, seed=0, plan=envs.plan(CFG, task, [], 60).actions)
+    assert again == examples  # deterministic: the build's examples do not depend on the run
+    stats = warmstart.context_stats(examples)
+    assert stats["context"] == len(context) and 0 < stats["target_differs"] < 1
+    assert {k for k in stats if k.startswith("phase=")} <= {"phase=search", "phase=transform", "phase=deliver"}
 
 
 def test_memoised_grammar_gives_the_same_observations(games, monkeypatch):

@@ -321,7 +321,7 @@ SUMMARY_TEXT = ("[Privileged: summary of your current state]\n"
                 "No task object is placed yet.\nNo task object is cleaned, heated, cooled or turned on yet.\n"
                 "No goal condition is satisfied yet.")
 CANDIDATE_TEXT = ("[Privileged: candidate next action]\n"
-                  "The successful trajectory's action at its step 3: go to coffeemachine 1")
+                  "The successful trajectory's action at its step 3: <action>go to coffeemachine 1</action>")
 CLOSING = "Use this information to choose the best next action for the current situation below."
 
 
