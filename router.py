@@ -399,7 +399,8 @@ CANDIDATE_TEMPLATE = (
     "The successful trajectory's action at its step {k}: <action>{candidate}</action>"
 )  # the candidate spelled as the response spells it, so copying it reuses the response's tokens
 SKILL_TEMPLATE = "[Privileged: skills for this kind of task]\n{skills}"
-CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation below."
+CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation above."
+PROMPT_SLOT = "[[student prompt]]"  # where the student's ordinary prompt goes in the teacher's message
 CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, joined by a blank line
     "fullpath": ("trajectory",),
     "summary": ("trajectory", "summary"),
@@ -428,7 +429,9 @@ def render_trajectory(ref: Trajectory) -> str:
 
 def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, signature: Signature,
                     skills: str = "") -> str:
-    """The privileged block put before the student's prompt (teacher.py joins them with a blank line).
+    """The privileged text around the student's prompt, which goes where PROMPT_SLOT stands (teacher.py): the static
+    blocks (trajectory, skills) before it; the state's own blocks (summary, candidate) and the closing line after it,
+    nearest to the response.
 
     `signature` is the student's own current state (what the summary describes); `match` is required by the
     variants that show the candidate action, `ref` by those that show the trajectory, `skills` (skill_text) by skill.
@@ -446,5 +449,5 @@ def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, s
         else:
             assert match is not None and match.ref is ref, f"context {variant!r} needs the match on this ref"
             blocks.append(CANDIDATE_TEMPLATE.format(k=match.position + 1, candidate=match.candidate))
-    blocks.append(CLOSING_TEMPLATE)
-    return "\n\n".join(blocks)
+    static = sum(b in ("trajectory", "skills") for b in CONTEXT_BLOCKS[variant])  # they come first in every variant
+    return "\n\n".join(blocks[:static] + [PROMPT_SLOT] + blocks[static:] + [CLOSING_TEMPLATE])

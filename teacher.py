@@ -1,9 +1,12 @@
 """The self-distillation teacher: the policy's own weights re-score the student's sampled tokens under a privileged
 prompt, for the turns the router matched.
 
-For a distilled turn the teacher prompt is the chat template over one user message
-    teacher_context + "\\n\\n" + the student's ordinary user message,
-so the privileged block sits inside the conversation (SDAR instead pastes it before `<|im_start|>`). The student's
+For a distilled turn the teacher prompt is the chat template over one user message,
+    [trajectory or skills]  the student's ordinary user message  [state summary]  [candidate]  closing line
+(router.teacher_context; blocks joined by a blank line), so the privileged text sits inside the conversation (SDAR
+instead pastes it before `<|im_start|>`). The state's own blocks come after the prompt, nearest to the response: the
+candidate is then the most recent copy of the action before the response (before the prompt, the admissible list's
+copies of every action sat nearer, and the tiny model did not learn to read past them). The student's
 response token ids are appended unchanged and scored in one prefill, with the weights that sampled the rollout
 (scoring happens before the update).
 
@@ -75,8 +78,12 @@ class TeacherRequest:
 
 
 def teacher_user_text(context: str, user_text: str) -> str:
-    """The teacher's user message: the privileged block, a blank line, the student's ordinary message."""
-    return context + "\n\n" + user_text
+    """The teacher's user message: the context (router.teacher_context) with the student's ordinary message in its
+    slot (router.PROMPT_SLOT); a block without a slot goes before the message, separated by a blank line."""
+    if router.PROMPT_SLOT not in context:
+        return context + "\n\n" + user_text
+    before, after = context.split(router.PROMPT_SLOT, 1)
+    return before + user_text + after
 
 
 def teacher_prompt_ids(tokenizer, req: TeacherRequest) -> list[int]:

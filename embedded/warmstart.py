@@ -48,7 +48,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v5"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v6"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
 
 
@@ -60,11 +60,13 @@ class Recipe:
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
     context_formats: int = 1   # context examples per matched state: this many of CONTEXTS, rotating (build time)
+    differing_repeats: int = 3  # times a context example whose target differs from the plain label is trained on
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8), TINY_AGENT_QUICK: Recipe(games=128, epochs=1.5)}
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8),
+           TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
 
@@ -210,6 +212,8 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     examples = demonstrations(recipe)
     stats = context_stats(examples)
     print(f"{path.name}: {json.dumps(stats)}", flush=True)
+    differing = [e for e in examples if e.format and e.action != e.plain_label]
+    examples += differing * (recipe.differing_repeats - 1)  # where only reading is right: trained on more often
     data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
             for e in examples]
     rng = random.Random(seed)

@@ -84,7 +84,7 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
     context = [e for e in examples if e.format]
     assert context and {e.format for e in context} == set(warmstart.CONTEXTS)
     for e in context:
-        ordinary = e.user_text.split(router.CLOSING_TEMPLATE + "\n\n", 1)[1]
+        ordinary = next(p for p in plain if p in e.user_text)  # the teacher's message holds the ordinary prompt
         assert plain[ordinary] == e.plain_label  # the plain example of the same state keeps the expert's label
         assert f"'{e.action}'" in ordinary.split("Your admissible actions", 1)[1]
         if e.format in ("candidate", "full"):

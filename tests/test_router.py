@@ -322,12 +322,13 @@ SUMMARY_TEXT = ("[Privileged: summary of your current state]\n"
                 "No goal condition is satisfied yet.")
 CANDIDATE_TEXT = ("[Privileged: candidate next action]\n"
                   "The successful trajectory's action at its step 3: <action>go to coffeemachine 1</action>")
-CLOSING = "Use this information to choose the best next action for the current situation below."
+SLOT = "[[student prompt]]"
+CLOSING = "Use this information to choose the best next action for the current situation above."
 
 
 @pytest.mark.parametrize("variant,blocks", [
-    ("fullpath", [TRAJ_TEXT]), ("summary", [TRAJ_TEXT, SUMMARY_TEXT]),
-    ("candidate", [TRAJ_TEXT, CANDIDATE_TEXT]), ("full", [TRAJ_TEXT, SUMMARY_TEXT, CANDIDATE_TEXT])])
+    ("fullpath", [TRAJ_TEXT, SLOT]), ("summary", [TRAJ_TEXT, SLOT, SUMMARY_TEXT]),
+    ("candidate", [TRAJ_TEXT, SLOT, CANDIDATE_TEXT]), ("full", [TRAJ_TEXT, SLOT, SUMMARY_TEXT, CANDIDATE_TEXT])])
 def test_teacher_context_exact_text(variant, blocks):
     match = Match(REF, 2, REF.steps[2].action)
     assert teacher_context(variant, REF, match, S2) == "\n\n".join(blocks + [CLOSING])
@@ -389,7 +390,7 @@ def test_skill_context_is_general_then_task_type_skill_for_every_type():
     assert "sinkbasin" in texts["pick_clean_then_place_in_recep"] and "fridge" in texts["pick_cool_then_place_in_recep"]
     assert skill_text("webshop", "webshop").startswith("General skills for web shopping")
     ctx = teacher_context("skill", None, Match(None, -1, ""), S2, texts[ALF_TYPES[1]])
-    assert ctx == "[Privileged: skills for this kind of task]\n" + texts[ALF_TYPES[1]] + "\n\n" + CLOSING
+    assert ctx == "[Privileged: skills for this kind of task]\n" + texts[ALF_TYPES[1]] + "\n\n" + SLOT + "\n\n" + CLOSING
     with pytest.raises(FileNotFoundError):
         skill_text("alfworld", "no_such_type")
     with pytest.raises(AssertionError):  # a trajectory context without a reference

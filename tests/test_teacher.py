@@ -14,7 +14,7 @@ import envs
 import router
 import teacher
 from models import action_trie, allowed_per_position, chat_ids
-from teacher import TeacherConfig, TeacherRequest
+from teacher import TeacherConfig, TeacherRequest, teacher_user_text
 
 
 def _requests(tok):
@@ -34,7 +34,7 @@ def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
     reqs = _requests(tok)
     scored, stats = _score(model, tok, reqs)
     for req, lp in zip(reqs, scored):
-        prompt = chat_ids(tok, req.context + "\n\n" + req.user_text)
+        prompt = chat_ids(tok, req.context + "\n\n" + req.user_text)  # a block without a slot: before the prompt
         ids = torch.tensor([prompt + req.response_ids])
         with torch.no_grad():
             logits = model(ids).logits[0]                             # (T, V), no padding, no batching
@@ -44,7 +44,7 @@ def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
         assert len(lp) == R
         assert torch.allclose(torch.tensor(lp), expected[:, 0], atol=1e-4)
     assert stats["sd/over_length_turns"] == 0
-    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, r.context + "\n\n" + r.user_text)) + len(r.response_ids)
+    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(r.context, r.user_text))) + len(r.response_ids)
                                              for r in reqs)
 
 
@@ -66,7 +66,7 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
 def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     model, tok = tiny
     reqs = _requests(tok)
-    lengths = [len(chat_ids(tok, r.context + "\n\n" + r.user_text)) for r in reqs]
+    lengths = [len(chat_ids(tok, teacher_user_text(r.context, r.user_text))) for r in reqs]
     budget = sorted(lengths)[1]  # the longest prompt is over the budget
     scored, stats = _score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
     over = [i for i, n in enumerate(lengths) if n > budget]
@@ -186,3 +186,14 @@ def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(ti
     assert stats["sd/candidate_gain_sum"] == pytest.approx(2.0 * len(c)) and stats["sd/candidate_turns"] == 1
     _, off = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(candidate_gain=False), scorer)
     assert "sd/candidate_turns" not in off
+
+
+def test_teacher_message_puts_the_prompt_in_the_contexts_slot():
+    """router.teacher_context: trajectory, then the student's prompt, then the state's blocks and the closing line."""
+    import router
+    ref = router.Trajectory("t", "r", [router.Step((("task", "t"),), "", "o1", "go to desk 1")], True, "done")
+    match = router.Match(ref, 0, "go to desk 1")
+    text = teacher_user_text(router.teacher_context("full", ref, match, ref.steps[0].signature), "PROMPT")
+    order = [text.index(x) for x in ("[Privileged: a successful trajectory", "PROMPT",
+                                     "[Privileged: summary", "<action>go to desk 1</action>", router.CLOSING_TEMPLATE)]
+    assert order == sorted(order) and router.PROMPT_SLOT not in text

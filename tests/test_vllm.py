@@ -29,7 +29,7 @@ import teacher  # noqa: E402
 from embedded.warmstart import resolve  # noqa: E402
 from models import SamplingConfig, chat_ids  # noqa: E402
 from scale import vllm_engine  # noqa: E402
-from teacher import TeacherConfig, TeacherRequest  # noqa: E402
+from teacher import TeacherConfig, TeacherRequest, teacher_user_text  # noqa: E402
 
 ATOL = 1e-4
 TEXTS = ["Your task is to: put a clean mug in coffeemachine.", "go to fridge 1",
@@ -124,7 +124,7 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
     expected, hf_stats = teacher.score(tok, reqs, cfg, teacher.hf_scorer(model, tok.pad_token_id,
                                                                           cfg.micro_batch_tokens, temperature))
     # the same student prompts were just generated from, so a prefix cache would hold them: scoring must not use it
-    engine.generate([chat_ids(tok, r.context + "\n\n" + r.user_text) for r in reqs])
+    engine.generate([chat_ids(tok, teacher_user_text(r.context, r.user_text)) for r in reqs])
     got, stats = teacher.score(tok, reqs, cfg, teacher.vllm_scorer(engine, temperature))
     assert [g is None for g in got] == [e is None for e in expected] == [False, False, False, True]
     for g, e in zip(got, expected):
