@@ -33,8 +33,8 @@
   The teacher is frozen for the step (a stated approximation, no re-score): its log-probs are computed once, before
   the update, by the weights that sampled, so later mini-batches use Δ = log π_T(step-start weights) − log π_θ.
 - Diagnostics: ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ (the PPO term and the SD term as they enter L, before clipping), measured
-  apart by autograd.grad on the step's first micro-batch (2 extra backward passes of it; `--grpo.term-grad-norms`,
-  skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their ratio actor/sd_grpo_grad_ratio.
+  apart by autograd.grad over the step's first mini-batch (2 extra backward passes of each of its micro-batches;
+  `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their ratio actor/sd_grpo_grad_ratio.
 
 Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
 turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
@@ -89,7 +89,7 @@ class GRPOConfig:
     """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's truncated-IS
     cap: 2; inf = untruncated)"""
     term_grad_norms: bool = True
-    """measure the GRPO and SD terms' gradient norms apart on each step's first micro-batch (measurement only)"""
+    """measure the GRPO and SD terms' gradient norms apart on each step's first mini-batch (measurement only)"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -268,15 +268,19 @@ def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool) -> float:
     n_micro = ctx.world.all_max(len(chunks)) if ctx.world is not None else len(chunks)
     chunks += [None] * (n_micro - len(chunks))
     measure = first and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
+    term_grads: dict = {}  # the first mini-batch's ∇L_GRPO and ∇(λ·L_SD), summed over its micro-batches
     for c, idx in enumerate(chunks):
         sync = nullcontext() if c == len(chunks) - 1 or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()
         with sync:
             micro = [mb[i] for i in idx] if idx is not None else [Sample([ctx.pad_id], [ctx.pad_id], 0.0, [0.0])]
             stats = _micro_step(ctx, micro, max(n_tokens, 1.0) / n_ranks, sd_scale, dummy=idx is None, first=first,
-                                measure=measure and c == 0)
+                                term_grads=term_grads if measure else None)
         mb_loss += stats.pop("loss", 0.0)
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v
+    for name, grads in term_grads.items():
+        sums[f"grad_norm_{name}"] = float(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
+    sums["grad_norm_measured"] = sums.get("grad_norm_measured", 0.0) + (1.0 if term_grads else 0.0)
     return mb_loss
 
 
@@ -319,7 +323,7 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
 
 
 def _micro_step(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float = 1.0, dummy: bool = False,
-                first: bool = True, measure: bool = False) -> dict:
+                first: bool = True, term_grads: dict | None = None) -> dict:
     cfg, device = ctx.cfg, ctx.device
     batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], ctx.pad_id).to(device)
     R = batch.response_ids.shape[1]
@@ -340,7 +344,8 @@ def _micro_step(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float = 1.0
     loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg, sd_scale,
                                  sd_rho)
     loss = (loss_tok * mask).sum() / norm * (0.0 if dummy else 1.0)  # a dummy pass only keeps ranks in step
-    gn = _term_grad_norms(ctx.model, terms, mask, norm, sd_coef(cfg) * sd_scale) if measure and not dummy else {}
+    if term_grads is not None and not dummy:
+        _add_term_grads(term_grads, ctx.model, terms, mask, norm, sd_coef(cfg) * sd_scale)
     loss.backward()
     if dummy:
         return {}
@@ -348,17 +353,16 @@ def _micro_step(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float = 1.0
     # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
     stats["rollout_logprob_gap"] = float(((_pad([s.sample_logprobs for s in mb], R).to(device) - logp.detach()).abs()
                                           * mask).sum())
-    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()), **gn)
+    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()))
     return stats
 
 
-def _term_grad_norms(model, terms: dict, mask, norm: float, sd_weight: float) -> dict:
-    """‖∇L_GRPO‖ (the PPO term) and ‖∇(λ·L_SD)‖ of one micro-batch, each as it enters the loss, by autograd.grad on
-    the graph the real backward then uses: measurement only, nothing is accumulated into .grad."""
+def _add_term_grads(acc: dict, model, terms: dict, mask, norm: float, sd_weight: float) -> None:
+    """Add this micro-batch's ∇L_GRPO (the PPO term) and ∇(λ·L_SD), each as it enters the loss, to `acc` (by
+    autograd.grad on the graph the real backward then uses: measurement only, nothing goes into .grad). Costs two
+    extra backward passes per micro-batch of the step's first mini-batch and two parameter-sized buffers."""
     params = [p for p in model.parameters() if p.requires_grad]
-    out = {"grad_norm_measured": 1.0}
     for name, term in (("grpo", terms["pg_loss"]), ("sd", sd_weight * terms["sd_loss"])):
         grads = torch.autograd.grad((term * mask).sum() / norm, params, retain_graph=True, allow_unused=True)
-        sq = [g.float().pow(2).sum() for g in grads if g is not None]
-        out[f"grad_norm_{name}"] = float(torch.stack(sq).sum().sqrt()) if sq else 0.0
-    return out
+        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
+        acc[name] = grads if name not in acc else [a + g for a, g in zip(acc[name], grads)]

@@ -317,12 +317,13 @@ def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_f
     assert out["actor/sd_is_ratio"] == pytest.approx((1 + rho) / 2, rel=1e-5)
 
 
-def test_term_gradient_norms_are_each_terms_norm_and_change_nothing():
+@pytest.mark.parametrize("budget", [8192, 3])  # one micro-batch, or one per sample (norms of the summed gradients)
+def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the same
     update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
     samples = [Sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
                Sample([1], [2], -1.0, [math.log(0.2)])]
-    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9)
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, micro_batch_tokens=budget)
 
     def run(data, measure=True):
         m = ToyLM()
