@@ -33,8 +33,10 @@
   The teacher is frozen for the step (a stated approximation, no re-score): its log-probs are computed once, before
   the update, by the weights that sampled, so later mini-batches use Δ = log π_T(step-start weights) − log π_θ.
 - Diagnostics: ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ (the PPO term and the SD term as they enter L, before clipping), measured
-  apart by autograd.grad over the step's first mini-batch (2 extra backward passes of each of its micro-batches;
-  `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their ratio actor/sd_grpo_grad_ratio.
+  apart by autograd.grad over the step's first mini-batch that has distilled turns and a non-zero advantage (the
+  first ones often hold only all-fail groups: nothing to measure; 2 extra backward passes of each micro-batch;
+  `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their
+  ratio actor/sd_grpo_grad_ratio.
 
 Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
 turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
@@ -89,7 +91,7 @@ class GRPOConfig:
     """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's truncated-IS
     cap: 2; inf = untruncated)"""
     term_grad_norms: bool = True
-    """measure the GRPO and SD terms' gradient norms apart on each step's first mini-batch (measurement only)"""
+    """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only)"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -225,7 +227,11 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     for epoch in range(cfg.ppo_epochs):
         for m in range(n_mini):
             optimizer.zero_grad(set_to_none=True)
-            mb_loss = _mini_batch(ctx, samples[bounds[m]:bounds[m + 1]], sums, first=epoch == 0 and m == 0)
+            mb = samples[bounds[m]:bounds[m + 1]]
+            # the term gradient norms: on the first mini-batch where both terms can be non-zero
+            measure = not sums["grad_norm_measured"] and any(s.teacher_logprobs is not None for s in mb) \
+                and any(s.advantage != 0 for s in mb)
+            mb_loss = _mini_batch(ctx, mb, sums, first=epoch == 0 and m == 0, measure=measure)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
@@ -252,9 +258,10 @@ class _Pass:
     world: object
 
 
-def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool) -> float:
+def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool, measure: bool = False) -> float:
     """Forward/backward of one mini-batch over its micro-batches (gradients accumulated, stats added to `sums`);
-    returns its loss. `first`: the step's first mini-batch, on the weights that sampled."""
+    returns its loss. `first`: the step's first mini-batch, on the weights that sampled; `measure`: also the
+    term gradient norms."""
     n_ranks = ctx.world.world_size if ctx.world is not None else 1
     n_tokens = float(sum(len(s.response_ids) for s in mb))
     n_sd = float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None))
@@ -267,7 +274,7 @@ def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool) -> float:
     # fewer micro-batches adds zero-loss passes
     n_micro = ctx.world.all_max(len(chunks)) if ctx.world is not None else len(chunks)
     chunks += [None] * (n_micro - len(chunks))
-    measure = first and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
+    measure = measure and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
     term_grads: dict = {}  # the first mini-batch's ∇L_GRPO and ∇(λ·L_SD), summed over its micro-batches
     for c, idx in enumerate(chunks):
         sync = nullcontext() if c == len(chunks) - 1 or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()

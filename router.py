@@ -394,19 +394,15 @@ TRAJECTORY_TEMPLATE = (
     "Outcome: the task was completed successfully."
 )
 SUMMARY_TEMPLATE = "[Privileged: summary of your current state]\n{summary}"
-CANDIDATE_TEMPLATE = (
-    "[Privileged: candidate next action]\n"
-    "The successful trajectory's action at its step {k}: <action>{candidate}</action>"
-)  # the candidate spelled as the response spells it, so copying it reuses the response's tokens
+# the candidate spelled as the response spells it, so copying it reuses the response's tokens
+CANDIDATE_TEMPLATE = "[Privileged: candidate next action]\nThe successful trajectory's action at its step {k}: " \
+                     "<action>{candidate}</action>"
 SKILL_TEMPLATE = "[Privileged: skills for this kind of task]\n{skills}"
 CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation above."
 PROMPT_SLOT = "[[student prompt]]"  # where the student's ordinary prompt goes in the teacher's message
 CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, joined by a blank line
-    "fullpath": ("trajectory",),
-    "summary": ("trajectory", "summary"),
-    "candidate": ("trajectory", "candidate"),
-    "full": ("trajectory", "summary", "candidate"),
-    "skill": ("skills",),
+    "fullpath": ("trajectory",), "summary": ("trajectory", "summary"), "candidate": ("trajectory", "candidate"),
+    "full": ("trajectory", "summary", "candidate"), "skill": ("skills",),
 }
 SKILLS_DIR = Path(__file__).resolve().parent / "skills"  # skills/<env>/general.md and skills/<env>/<task_type>.md
 

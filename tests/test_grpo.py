@@ -339,3 +339,23 @@ def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     assert both["actor/sd_grpo_grad_ratio"] == pytest.approx(sd_only["actor/grad_norm"] / grpo_only["actor/grad_norm"])
     off, w_off = run(samples, measure=False)
     assert torch.equal(w, w_off) and math.isnan(off["actor/grad_norm_sd"])
+
+
+def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
+    """A first mini-batch of an all-fail group without a teacher (both terms zero) is not measured; the next one is,
+    and its norms are the gradient norms of that mini-batch's own terms."""
+    lp = torch.log_softmax(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5]), -1).tolist()  # ToyLM's: the ratio is 1
+    quiet = Sample([1], [2], 0.0, [lp[2]])
+    busy = Sample([1], [0, 3], 1.0, [lp[0], lp[3]], [math.log(0.6), math.log(0.1)])
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, mini_batch_size=1)
+
+    def run(data):
+        m = ToyLM()
+        m.logits.data = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5])
+        return grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), data, cfg, pad_id=0)
+    both = run([quiet, busy])
+    alone_pg = run([dataclasses.replace(busy, teacher_logprobs=None)])
+    alone_sd = run([dataclasses.replace(busy, advantage=0.0)])
+    assert both["actor/grad_norm_grpo"] == pytest.approx(alone_pg["actor/grad_norm"], rel=1e-5)
+    assert both["actor/grad_norm_sd"] == pytest.approx(alone_sd["actor/grad_norm"], rel=1e-5)
+    assert both["actor/grad_norm_grpo"] > 0 and both["actor/grad_norm_sd"] > 0
