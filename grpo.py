@@ -33,10 +33,10 @@
   The teacher is frozen for the step (a stated approximation, no re-score): its log-probs are computed once, before
   the update, by the weights that sampled, so later mini-batches use Δ = log π_T(step-start weights) − log π_θ.
 - Diagnostics: ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ (the PPO term and the SD term as they enter L, before clipping), measured
-  apart by autograd.grad over the step's first mini-batch that has distilled turns and a non-zero advantage (the
-  first ones often hold only all-fail groups: nothing to measure; 2 extra backward passes of each micro-batch;
-  `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd and their
-  ratio actor/sd_grpo_grad_ratio.
+  apart by autograd.grad over one mini-batch of the step (`_measured_mini_batch`: the first with distilled turns and
+  a non-zero advantage, since the first ones often hold only all-fail groups; 2 extra backward passes of each of its
+  micro-batches; `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd
+  and their ratio actor/sd_grpo_grad_ratio.
 
 Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
 turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
@@ -223,15 +223,13 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
                           "rollout_logprob_gap", "tokens", "sd_tokens",  # the same keys on every rank, for the
                           "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)  # reduction in _summary
     grad_norms, skips = [], 0
+    measured = _measured_mini_batch([samples[bounds[m]:bounds[m + 1]] for m in range(n_mini)])
     model.train()
     for epoch in range(cfg.ppo_epochs):
         for m in range(n_mini):
             optimizer.zero_grad(set_to_none=True)
-            mb = samples[bounds[m]:bounds[m + 1]]
-            # the term gradient norms: on the first mini-batch where both terms can be non-zero
-            measure = not sums["grad_norm_measured"] and any(s.teacher_logprobs is not None for s in mb) \
-                and any(s.advantage != 0 for s in mb)
-            mb_loss = _mini_batch(ctx, mb, sums, first=epoch == 0 and m == 0, measure=measure)
+            mb_loss = _mini_batch(ctx, samples[bounds[m]:bounds[m + 1]], sums, first=epoch == 0 and m == 0,
+                                  measure=epoch == 0 and m == measured)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
@@ -289,6 +287,15 @@ def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool, measure: 
         sums[f"grad_norm_{name}"] = float(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
     sums["grad_norm_measured"] = sums.get("grad_norm_measured", 0.0) + (1.0 if term_grads else 0.0)
     return mb_loss
+
+
+def _measured_mini_batch(mini_batches: list[list[Sample]]) -> int:
+    """Where the term gradient norms are measured: the first mini-batch with distilled turns and a non-zero
+    advantage (the first ones often hold only all-fail groups, with neither), else the first with distilled turns,
+    else the first."""
+    has_sd = [any(s.teacher_logprobs is not None for s in mb) for mb in mini_batches]
+    both = [h and any(s.advantage != 0 for s in mb) for h, mb in zip(has_sd, mini_batches)]
+    return next((m for m, b in enumerate(both) if b), next((m for m, h in enumerate(has_sd) if h), 0))
 
 
 def _summary(sums: dict, world) -> dict:
