@@ -143,14 +143,20 @@ def _routed(tok):
     return turns, [router.Match(ref, 0, "go to fridge 1"), router.Match(ref, 1, "open fridge 1"), None]
 
 
-def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_only(tiny):
-    _, tok = tiny
-    turns, matches = _routed(tok)
+def _recording(value):
+    """A scorer that records its calls and gives every token the log-prob `value(calls so far)`."""
     calls = []
 
     def scorer(prompts, responses, allowed=None):
         calls.append((prompts, responses, allowed))
-        return [[-0.25] * len(r) for r in responses]
+        return [[value(calls)] * len(r) for r in responses]
+    return calls, scorer
+
+
+def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_only(tiny):
+    _, tok = tiny
+    turns, matches = _routed(tok)
+    calls, scorer = _recording(lambda calls: -0.25)
     lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(oracle=0.5), scorer)
     assert lp[2] is None and stats["sd/distilled_turns"] == 2 and stats["sd/teacher_tokens"] == 0
     for i in (0, 1):  # each turn's own sampled tokens against its candidate's tokens
@@ -172,11 +178,7 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
 def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(tiny):
     _, tok = tiny
     turns, matches = _routed(tok)
-    calls = []
-
-    def scorer(prompts, responses, allowed=None):
-        calls.append((prompts, responses, allowed))
-        return [[-1.0 if len(calls) == 3 else -3.0] * len(r) for r in responses]  # the teacher pass of c: -1
+    calls, scorer = _recording(lambda calls: -1.0 if len(calls) == 3 else -3.0)  # the teacher pass of c: -1
     lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(), scorer)
     assert [len(x) for x in calls[0][:2]] == [2, 2]  # the distillation pass: both matched turns
     student, cand_teacher = calls[1], calls[2]
