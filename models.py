@@ -227,6 +227,39 @@ def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]
     return keep.to(device)
 
 
+def forced_path(node: dict) -> tuple[list[int], dict]:
+    """The tokens a trie node forces (its chain of single children) and the node where the chain ends: {} when the
+    chain runs through EOS, i.e. the rest of the response is determined."""
+    path = []
+    while len(node) == 1:
+        (token, node), = node.items()
+        path.append(token)
+    return path, node
+
+
+def _walk(node: dict, tokens: list[int]) -> dict:
+    for t in tokens:
+        node = node.get(t, {})
+    return node
+
+
+class DeterminedStop:
+    """A transformers stopping criterion for restricted decoding: a row stops as soon as its trie allows only one
+    way to finish (`forced_path` ends in {}); `stops[b]` is how many tokens row b sampled. The forced rest costs no
+    decode step: its restricted log-probs are exactly 0 (one allowed token), as the update recomputes them."""
+
+    def __init__(self, tries: list[dict], start: int):
+        self.tries, self.start, self.stops = tries, start, [None] * len(tries)
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = torch.zeros(len(self.tries), dtype=torch.bool)
+        for b, trie in enumerate(self.tries):
+            if self.stops[b] is None and not forced_path(_walk(trie, input_ids[b, self.start:].tolist()))[1]:
+                self.stops[b] = input_ids.shape[1] - self.start
+            done[b] = self.stops[b] is not None
+        return done.to(input_ids.device)
+
+
 class TrieLogitsProcessor:
     """A transformers logits processor: -inf outside each row's trie (`start` = the first response column)."""
 
@@ -317,6 +350,34 @@ class HFEngine:
         return out
 
     def _generate_batch(self, prompts: list[list[int]], tries: list[dict] | None) -> list[Generation]:
+        """Free rows: sampled until EOS or max_new_tokens. Restricted rows: only the tokens where the trie leaves a
+        choice are decoded; the tokens it forces (`forced_path`: the prefix joins the prompt, the rest once a row is
+        determined, `DeterminedStop`) are appended with their restricted log-prob, exactly 0."""
+        tok, limit = self.tokenizer, self.cfg.max_new_tokens
+        if tries is None:
+            sampled = self._decode(prompts, None)
+            ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids, _ in sampled]
+            responses = [(ids[:n], lp[:n]) for (ids, lp), n in zip(sampled, ends)]
+        else:
+            heads = [forced_path(t) for t in tries]                       # (forced prefix, node where a choice is)
+            open_rows = [i for i, (_, node) in enumerate(heads) if node]  # rows with something left to sample
+            sampled = dict(zip(open_rows, self._decode([prompts[i] + heads[i][0] for i in open_rows],
+                                                       [heads[i][1] for i in open_rows]) if open_rows else []))
+            responses = []
+            for i, (prefix, node) in enumerate(heads):
+                ids, lp = sampled.get(i, ([], []))
+                rest, left = forced_path(_walk(node, ids))
+                rest = [] if left else rest  # determined: the forced rest; else the row ran out of max_new_tokens
+                response = (prefix + ids + rest)[:limit]
+                responses.append((response, ([0.0] * len(prefix) + lp + [0.0] * len(rest))[:limit]))
+        return [Generation(response_ids=ids, logprobs=lp, text=tok.decode(ids, skip_special_tokens=True),
+                           truncated=tok.eos_token_id not in ids,
+                           allowed=allowed_per_position(tries[i], ids) if tries is not None else None)
+                for i, (ids, lp) in enumerate(responses)]
+
+    def _decode(self, prompts: list[list[int]], tries: list[dict] | None) -> list[tuple[list[int], list[float]]]:
+        """(sampled ids, their log-probs) per prompt, left-padded into one `generate` call; with `tries`, each row's
+        tokens up to where its trie determines the rest (DeterminedStop), or all max_new_tokens of them."""
         tok, cfg = self.tokenizer, self.cfg
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -329,6 +390,7 @@ class HFEngine:
         sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
         recorder = LogprobRecorder(cfg.temperature or 1.0)  # greedy: log-probs at T=1
         processors = ([TrieLogitsProcessor(tries, width)] if tries is not None else []) + [recorder]
+        stop = DeterminedStop(tries, width) if tries is not None else None
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 and device.type == "cuda" \
             else nullcontext()
         was_training = self.model.training
@@ -337,15 +399,11 @@ class HFEngine:
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
                 max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                logits_processor=processors, cache_implementation="static" if cfg.static_cache else None,
-                return_dict_in_generate=True, **sampling)
+                logits_processor=processors, stopping_criteria=[stop] if stop else None,
+                cache_implementation="static" if cfg.static_cache else None, return_dict_in_generate=True,
+                **sampling)
         self.model.train(was_training)
-        token_logp = recorder.logprobs(out.sequences).cpu()                          # (B, R) on the device, then here
-        seqs = out.sequences[:, width:].cpu()                                        # (B, R)
-        ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids in seqs.tolist()]
-        allowed = [allowed_per_position(tries[i], seqs[i, :ends[i]].tolist()) for i in range(len(prompts))] \
-            if tries is not None else None
-        return [Generation(response_ids=seqs[i, :n].tolist(), logprobs=token_logp[i, :n].tolist(),
-                           text=tok.decode(seqs[i, :n], skip_special_tokens=True),
-                           truncated=tok.eos_token_id not in seqs[i, :n].tolist(),
-                           allowed=allowed[i] if allowed is not None else None) for i, n in enumerate(ends)]
+        token_logp = recorder.logprobs(out.sequences).cpu().tolist()                 # (B, R) on the device, then here
+        seqs = out.sequences[:, width:].cpu().tolist()                               # (B, R)
+        ends = [len(s) if stop is None or stop.stops[b] is None else stop.stops[b] for b, s in enumerate(seqs)]
+        return [(s[:n], lp[:n]) for s, lp, n in zip(seqs, token_logp, ends)]

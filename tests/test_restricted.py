@@ -72,3 +72,29 @@ def test_update_ratio_is_exactly_one_on_policy(tiny):
     out = grpo.update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), samples, cfg, pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == 1.0 and out["actor/clipfrac"] == 0.0
     assert out["actor/rollout_logprob_gap"] < 1e-5  # the update's masked forward equals the sampling log-probs
+
+
+def _counting_forwards(model):
+    calls = []
+    return calls, model.register_forward_hook(lambda *_: calls.append(1))
+
+
+def test_forced_tokens_cost_no_decode_step(tiny):
+    """Only tokens where the trie leaves a choice are decoded: a single allowed action needs no forward at all, and
+    a batch needs fewer forwards than token-by-token decoding; every forced token has log-prob exactly 0."""
+    model, tok = tiny
+    engine = HFEngine(model, tok, SamplingConfig(max_new_tokens=24), batch_size=4)
+    prompts = [chat_ids(tok, f"Turn {i}.") for i in range(4)]
+    calls, hook = _counting_forwards(model)
+    try:
+        only = engine.generate(prompts, [action_trie(tok, [envs.action_response("look")])] * 4)
+        assert calls == []
+        prompts, gens = _sample(tiny)  # 8 prompts in batches of 4
+    finally:
+        hook.remove()
+    assert all(g.text == "<action>look</action>" and g.logprobs == [0.0] * len(g.response_ids) for g in only)
+    stepwise = sum(max(len(g.response_ids) for g in gens[i:i + 4]) for i in (0, 4))  # a forward per token
+    assert 0 < len(calls) < stepwise
+    for g in gens:
+        assert all(lp == 0.0 for lp, allowed in zip(g.logprobs, g.allowed) if len(allowed) == 1)
+        assert any(lp < 0.0 for lp in g.logprobs)  # the choices were sampled
