@@ -186,13 +186,21 @@ def parse_config(argv: list[str], description: str | None = None) -> Config:
 
 
 def config_from_run(path: Path | None, preset: str) -> Config:
-    """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's."""
+    """The Config of a checkpoint (its smrc_config.json) or run directory (config.json); else the preset's. A
+    file that is not a config (garbage, a value of the wrong kind) is one error line naming it."""
     cfg = PRESETS[preset]()
     for name in ("smrc_config.json", "config.json"):
         if path is not None and (path / name).exists():
-            saved = json.loads((path / name).read_text())
-            saved.pop("resolved", None)  # config.json's record of what the flags resolved to, not a field
-            unknown = fill_dataclass(cfg, saved)
+            try:
+                saved = json.loads((path / name).read_text())
+                if not isinstance(saved, dict):
+                    raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+                saved.pop("resolved", None)  # config.json's record of what the flags resolved to, not a field
+                unknown = fill_dataclass(cfg, saved)
+            except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                said = (str(e).splitlines() or [type(e).__name__])[0]
+                raise SystemExit(f"error: {path / name} is not a run config ({said}); restore it, or remove "
+                                 f"it and give the settings with --preset and the flags") from None
             if unknown:
                 print(f"[config] {path / name}: {len(unknown)} unknown keys ignored: {unknown}", flush=True)
             break

@@ -34,6 +34,11 @@ Deviations / choices (numbered):
 4. `--engine vllm` samples with the vLLM engine (scale/vllm_engine.py) started from each row's model folder, seeded
    with --seed (the per-batch torch seeds above then do not apply); greedy (--temperature 0) panels equal the
    transformers engine's (tests/test_vllm.py). Free generation only.
+5. Every model folder is checked before anything is loaded (scale/preflight.check_model_dir): a run
+   checkpoint (it has checksums.sha256 or trainer_state.pt) must verify, or the table is refused with one line
+   naming the bad file and the run's newest intact checkpoint; a plain save_pretrained folder is evaluated and
+   reported as unverified (`checksums` in the JSON row). The numbers (--k, --tasks-per-batch, --temperature,
+   ...), --split and --device are checked first as well.
 """
 import dataclasses
 import importlib.util
@@ -63,6 +68,7 @@ from analysis.plots import PlotArgs
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
+from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
 from scale.vllm_engine import VLLMEngine
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -197,12 +203,24 @@ class EvalArgs:
 EMBEDDED_PRESET = {"tiny": "tiny", "tiny-agent-quick": "tiny", "tiny-agent": "learn"}  # deviation 1
 
 
-def check_checkpoints(args: EvalArgs) -> None:
-    """Every --checkpoint is a model folder (a run's step_XXXXXX/); anything else is one error line."""
+def check_checkpoints(args: EvalArgs) -> dict[str, str]:
+    """Every --checkpoint is a model folder (a run's step_XXXXXX/); anything else is one error line. Each
+    folder (and a --baseline folder) is verified (deviation 5). Returns {model: 'verified' | 'unverified'}."""
     for c in args.checkpoint:
         if not (Path(c) / "config.json").is_file():
             raise SystemExit(f"error: --checkpoint {c} is not a checkpoint folder (a run's step_XXXXXX/ holding "
                              f"config.json); to evaluate a model by name use --baseline {c}")
+    named = [("--checkpoint", c) for c in args.checkpoint]
+    named = ([("--baseline", args.baseline)] if args.baseline else []) + named
+    checked = {}
+    for flag, name in named:
+        if not Path(name).is_dir():
+            continue  # a hub id or an embedded model's name: nothing on disk to verify
+        checked[name] = "verified" if check_model_dir(Path(name), flag) else "unverified"
+        said = ("checksums verified" if checked[name] == "verified" else
+                "not a run checkpoint (no checksums.sha256): its weights are unverified")
+        print(f"[eval] {name}: {said}", flush=True)
+    return checked
 
 
 def eval_config(args: EvalArgs) -> smrc.Config:
@@ -292,8 +310,10 @@ def markdown_table(rows: list[dict], k: int, env_name: str) -> str:
 def run_eval(args: EvalArgs) -> dict:
     if not (args.checkpoint or args.baseline):
         raise SystemExit("error: give --checkpoint DIR (one or more) and/or --baseline MODEL")
-    check_checkpoints(args)
+    validate_eval_args(args)
+    checked = check_checkpoints(args)
     cfg = eval_config(args)
+    check_split(cfg, args.split)
     try:
         tasks = envs.load_tasks(cfg.env_cfg, args.split)
     except envs.DataError as e:  # the message names smrc.py's flags: say them as this CLI spells them
@@ -307,7 +327,8 @@ def run_eval(args: EvalArgs) -> dict:
         [(c, f"{Path(c).resolve().parent.name}/{Path(c).name}") for c in args.checkpoint]
     pool = EnvPool(cfg.env_cfg)
     try:
-        rows = [evaluate_model(name, label, tasks, cfg, args, pool) for name, label in models]
+        rows = [{**evaluate_model(name, label, tasks, cfg, args, pool), "checksums": checked.get(name, "-")}
+                for name, label in models]
     finally:
         pool.close()
     table = markdown_table(rows, args.k, cfg.env)
@@ -338,6 +359,9 @@ def main(argv: list[str]) -> None:
     elif isinstance(args, AuditArgs):
         audits.run_audit(args, smrc.config_from_run(Path(args.run), "none"))
     elif isinstance(args, InterveneArgs):
+        check_device(args.device)
+        if Path(args.model).is_dir():  # a checkpoint is verified like every other reader's (deviation 5)
+            check_model_dir(Path(args.model), "--model")
         model, tokenizer = load_any(args.model, resolve_device(args.device))
         intervention.run_intervention(model, tokenizer, args)
     else:

@@ -304,6 +304,7 @@ def write_archive(path: Path, rows: list[dict], cap: int) -> int:
 
 def read_archive(path: Path) -> list[dict]:
     rows, dropped = read_log(path)
+    dropped = lost_rows(path, len(rows), dropped)
     if dropped:
         print(f"[archive] {path}: {dropped} partial rows skipped (a write cut short)", flush=True)
     return [json.loads(line) for _, line in rows]
@@ -323,6 +324,18 @@ def read_log(path: Path) -> tuple[list[tuple[int, bytes]], int]:
         except (ValueError, KeyError, TypeError):
             dropped += 1
     return rows, max(dropped, int(cut))  # a cut stream lost at least one row
+
+
+def lost_rows(path: Path, complete: int, dropped: int) -> int:
+    """Rows a damaged archive lost: a cut gzip member holds many rows, so a cut is counted against the rows
+    write_archive recorded in rollouts.jsonl.count (at least `dropped`, the partial rows read_log saw)."""
+    count = path.with_suffix(".count")
+    if not dropped or path.suffix != ".gz" or not count.is_file():
+        return dropped
+    try:
+        return max(dropped, int(count.read_text()) - complete)
+    except ValueError:  # a count file cut short itself
+        return dropped
 
 
 def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
@@ -352,6 +365,7 @@ def trim_logs(out: Path, last_step: int) -> None:
         if not path.exists():
             continue
         rows, dropped = read_log(path)
+        dropped = lost_rows(path, len(rows), dropped)
         keep = [ln for step, ln in rows if step <= last_step]
         if name.endswith(".gz"):  # what write_archive counts against archive_max_turns
             (out / "rollouts.jsonl.count").write_text(str(len(keep)))
@@ -380,6 +394,10 @@ def _free(out: Path, name: str, step: int) -> Path:
 def _write_rows(path: Path, rows: list[bytes]) -> None:
     """Write (gzip for .gz) to a temporary file, then rename: a kill during the repair loses nothing."""
     tmp = path.with_name(path.name + ".tmp")
-    with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
-        f.writelines(ln + b"\n" for ln in rows)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
+            f.writelines(ln + b"\n" for ln in rows)
+    except OSError:  # a full disk: the original stays as it was, the partial copy goes
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)

@@ -29,7 +29,6 @@ bench/ beside evaluate.py).
 
 import copy
 import dataclasses
-import json
 import random
 import sys
 import time
@@ -38,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoConfig
 
 import envs
 import grpo
@@ -51,10 +49,11 @@ from embedded.warmstart import RECIPES, TINY, resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model
 from scale import distributed
-from scale.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint, seed_step, set_aside_newer
+from scale.checkpoint import load_trainer_state, save_checkpoint, seed_step, set_aside_newer
 from scale.distributed import World, init_distributed, print0
 from scale.monitor import log_step, save_best, validate
-from scale.preflight import prepare_output_dir, validate_config
+from scale.preflight import check_model, open_run, validate_config
+from scale.safe_io import stop_on_io_error
 from scale.vllm_engine import VLLMEngine
 
 
@@ -74,7 +73,7 @@ class Setup:
     start: int                    # the first step to run (the checkpoint's step on --resume)
     engine: object                # HFEngine or VLLMEngine
     replay_env: object = None     # env without a step limit for planner references, made on first use
-    nonfinite: int = 0            # optimizer steps skipped in a row for a non-finite loss or gradient norm
+    nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
     panel: list = field(default_factory=list)  # the fixed validation panel (--eval-every)
 
 
@@ -153,17 +152,14 @@ def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
     except envs.DataError as e:
         raise SystemExit(f"error: {e}") from None
     if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
-        try:
-            AutoConfig.from_pretrained(cfg.model)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"error: --model {cfg.model} is neither a model folder nor a hub id found here "
-                             f"({str(e).strip().splitlines()[0]})") from None
+        check_model(cfg.model, "--model")
     return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
 
 
-def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Task]]) -> Setup:
-    """With (train tasks, validation panel) from check_inputs: the model (from the latest checkpoint on --resume),
-    reference model, optimizer, bank, engine."""
+def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Task]],
+          ckpt: Path | None) -> Setup:
+    """With (train tasks, validation panel) from check_inputs and the verified checkpoint to resume (or None):
+    the model, reference model, optimizer, bank (and guard counters) restored from it, the engine."""
     out = Path(cfg.output_dir)
     if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
         raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
@@ -172,7 +168,6 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         resolve(cfg.model)
     world.barrier()
     model_path = resolve(cfg.model)
-    ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None  # verified
     if cfg.resume and ckpt is None:
         print0(world, f"[resume] no checkpoint in {out}; starting from step 0")
     model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
@@ -185,10 +180,12 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
     model = distributed.wrap(model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
     bank = router.ReferenceBank(cfg.router.archive_size)
-    start = load_trainer_state(ckpt, model, optimizer, bank) if ckpt else 0
+    guards = {"nonfinite_streak": 0}
+    start = load_trainer_state(ckpt, model, optimizer, bank, guards) if ckpt else 0
     if world.is_main:
-        set_aside_newer(out, start)
-        rollout.trim_logs(out, start)
+        with stop_on_io_error(out):
+            set_aside_newer(out, start)
+            rollout.trim_logs(out, start)
     if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then given the trainer's weights
         engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
@@ -197,31 +194,30 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
                           bf16=cfg.grpo.bf16)
     return Setup(train_tasks=tasks[0], panel=tasks[1], model=model, tokenizer=tokenizer, ref_model=ref_model,
-                 optimizer=optimizer, bank=bank, start=start, engine=engine)
+                 optimizer=optimizer, bank=bank, start=start, engine=engine,
+                 nonfinite=guards["nonfinite_streak"])
 
 
 def main(cfg: Config) -> None:
     validate_config(cfg)
     tasks = check_inputs(cfg)
     world = init_distributed(cfg.device)
-    out = Path(cfg.output_dir)
-    if world.is_main:  # the config, and what --algo, the preset and the flags resolved to (the λ applied, ...)
-        prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
-        dump = json.dumps({**dataclasses.asdict(cfg), "resolved": cfg.resolved()}, indent=1)
-        print(dump, flush=True)
-        (out / "config.json").write_text(dump)
-    seed_step(cfg.seed, 0, world.rank)
-    # first: the workers fork before any model or engine exists; the pool is sized for this rank's episodes
-    pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size)
-    try:
-        train(cfg, world, pool, tasks)
-    finally:
-        pool.close()
-        distributed.close(world)
+    # the folder is this run's alone (a lock) while it runs; the checkpoint to resume is verified before the
+    # config (and what --algo, the preset and the flags resolved to: the λ applied, ...) is recorded
+    with open_run(cfg, world) as ckpt:
+        seed_step(cfg.seed, 0, world.rank)
+        # first: the workers fork before any model or engine exists; sized for this rank's episodes
+        episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size
+        pool = EnvPool(cfg.env_cfg, episodes=episodes)
+        try:
+            train(cfg, world, pool, tasks, ckpt)
+        finally:
+            pool.close()
+            distributed.close(world)
 
 
-def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list]) -> None:
-    s = setup(cfg, world, tasks)
+def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ckpt: Path | None) -> None:
+    s = setup(cfg, world, tasks, ckpt)
     oracle = f" oracle alpha={cfg.teacher.oracle:g}" if cfg.teacher.oracle > 0 else ""
     print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} "
                   f"lambda={cfg.sd_coef:g}{oracle} | "
@@ -288,7 +284,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) ->
         row = validate(cfg, s.engine, pool, s.tokenizer, s.panel, step + 1, world)
         save_best(Path(cfg.output_dir), s.model, s.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-        save_checkpoint(Path(cfg.output_dir), step + 1, s.model, s.tokenizer, s.optimizer, s.bank, cfg, world)
+        save_checkpoint(Path(cfg.output_dir), step + 1, s.model, s.tokenizer, s.optimizer, s.bank, cfg, world,
+                        guards={"nonfinite_streak": s.nonfinite})
 
 
 if __name__ == "__main__":

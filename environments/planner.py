@@ -8,20 +8,41 @@ restarted on the next call. Results are cached in-process per (task_id, tuple(ac
 their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
 thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
 cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
-with its parent, whatever kills it (SIGKILL included):
-it is spawned (it holds no copy of the parent's pipe end, so the parent's death is an EOF) and asks for the Linux
-parent-death signal (`die_with_parent`), which also ends it in the middle of a plan.
+with its parent, whatever kills it (SIGKILL included), also during its start-up: it is a fresh interpreter
+(`_BOOT`) that asks for the Linux parent-death signal before it imports anything (then `die_with_parent`
+checks the parent is still there), and it holds no copy of the parent's pipe end or other files (only its own
+end is passed), so the parent's death is also an EOF. Its start-up imports only the env, never the training
+script.
 """
-import multiprocessing as mp
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 import traceback
+from multiprocessing.connection import Connection, Pipe
 
 import envs
 from environments.pool import die_with_parent
 from envs import EnvError, PlanResult, Task
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the planner process's first lines: the parent-death signal (1 = PR_SET_PDEATHSIG, 9 = SIGKILL) before any
+# import that takes time, so a trainer killed during the start-up takes the planner with it at once
+_BOOT = ("import ctypes, os, sys\n"
+         "if sys.platform.startswith('linux'): ctypes.CDLL(None).prctl(1, 9)\n"
+         "if os.getppid() != int(sys.argv[1]): os._exit(0)\n"
+         "sys.path.insert(0, sys.argv[2])\n"
+         "from environments.planner import serve\n"
+         "serve(int(sys.argv[3]), int(sys.argv[1]))\n")
+
+
+def serve(fd: int, parent_pid: int) -> None:
+    """The planner process: its env config arrives first on the pipe `fd`, then plan requests."""
+    conn = Connection(fd)
+    _planner_worker(conn, conn.recv(), parent_pid)
 
 
 def _planner_worker(conn, cfg, parent_pid: int) -> None:
@@ -59,12 +80,17 @@ class Planner:
         self._thread: threading.Thread | None = None
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_planner_worker, args=(child, self.cfg, os.getpid()), daemon=True)
-        self._proc.start()
+        self._conn, child = Pipe()
+        args = [str(os.getpid()), REPO, str(child.fileno())]
+        self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, *args],
+                                      pass_fds=(child.fileno(),))  # the only file it inherits
         child.close()
-        if not self._conn.poll(120) or self._conn.recv() != "ready":
+        try:
+            self._conn.send(self.cfg)
+            ready = self._conn.poll(120) and self._conn.recv() == "ready"
+        except (EOFError, OSError):  # it died while starting
+            ready = False
+        if not ready:
             self._kill()
             raise EnvError("the planner process did not start within 120 s")
 
@@ -92,7 +118,7 @@ class Planner:
         hit = self.cache.get(key)
         if hit and (hit.status != "timeout" or self._limit[key] >= timeout_s):
             return hit
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or self._proc.poll() is not None:
             self._start()
         t0 = time.perf_counter()
         self._conn.send((task, list(actions)))
@@ -100,7 +126,8 @@ class Planner:
             ready = self._conn.poll(timeout_s)
             status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
         except (EOFError, OSError) as e:
-            status, plan, message = "error", None, f"planner process died ({e!r}, exit code {self._proc.exitcode})"
+            died = f"planner process died ({e!r}, exit code {self._proc.poll()})"
+            status, plan, message = "error", None, died
         if status in ("timeout", "error"):
             self._kill()  # a stuck planner cannot be interrupted in-process; the next call starts a fresh one
         result = PlanResult(plan, status, time.perf_counter() - t0, message)
@@ -117,6 +144,9 @@ class Planner:
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(timeout=5)
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # not reaped yet: it is killed, nothing is left to wait for
+                pass
             self._conn.close()
         self._proc, self._conn = None, None

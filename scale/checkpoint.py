@@ -15,13 +15,19 @@ What a run can rely on:
    --resume, or pick a new --output-dir, so two runs' steps never mix in one folder. On a resume from step S,
    checkpoints after S (another timeline, e.g. after --resume-from an older one) are set aside as
    step_XXXXXX.after_step_S, never deleted.
-5. --resume verifies the checksums; a missing, unreadable or corrupt file is one `error:` line naming it and the
-   newest intact older checkpoint, with the --resume-from flag that continues from it.
-`fill_dataclass` puts a saved smrc_config.json / config.json back into a Config (unknown keys are returned).
+5. Every reader of a checkpoint (--resume, --resume-from, evaluate.py, the intervention) goes through
+   `verify`: a checksum file that is missing, empty, malformed or does not list every file of the checkpoint
+   fails, as does a missing, unreadable or corrupt file. The failure is one `error:` line naming the file and
+   the newest intact checkpoint (`intact_hint`); an empty or garbled `latest` file is named as such.
+6. Guard counters (the non-finite streak) are part of the trainer state, so a resume continues them (a
+   checkpoint written before they were saved restores 0).
+7. A resume never overwrites the run's config.json: the flags that differ from the resumed checkpoint's are
+   appended to config.resumes.jsonl (`record_config`).
+`fill_dataclass` puts a saved smrc_config.json / config.json back into a Config (unknown keys are returned; a
+value of the wrong kind is a ValueError).
 """
 
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -35,8 +41,11 @@ import torch
 
 from scale.distributed import (World, full_optimizer_state_dict, full_state_dict, load_full_optimizer_state_dict,
                                unwrap)
+from scale.safe_io import append_line, out_of_space, stop_on_io_error
 
 CHECKSUMS = "checksums.sha256"
+RESUMES = "config.resumes.jsonl"  # one row per resume: the flags that differ from the checkpoint's config
+_SUM_LINE = re.compile(r"([0-9a-f]{64}) [ *]([^/\\]+)")  # sha256sum's format: digest, ' ' or '*', file name
 
 
 def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
@@ -46,11 +55,28 @@ def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
     unknown = [f"{where}{k}" for k in values if k not in names]
     for name in names & set(values):
         cur, v = getattr(obj, name), values[name]
-        if dataclasses.is_dataclass(cur) and isinstance(v, dict):
+        if not _same_kind(cur, v):
+            raise ValueError(f"{where}{name} is {v!r}, where a {type(cur).__name__} belongs")
+        if dataclasses.is_dataclass(cur):
             unknown += fill_dataclass(cur, v, f"{where}{name}.")
         else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) and isinstance(v, list) else v)
+            setattr(obj, name, tuple(v) if isinstance(cur, tuple) else v)
     return unknown
+
+
+def _same_kind(cur, v) -> bool:
+    """Whether a JSON value can stand for a field whose current value is `cur` (None: a field left open)."""
+    if cur is None:
+        return True
+    if dataclasses.is_dataclass(cur):
+        return isinstance(v, dict)
+    if isinstance(cur, bool) or isinstance(v, bool):
+        return isinstance(cur, bool) and isinstance(v, bool)
+    if isinstance(cur, (int, float)):
+        return isinstance(v, (int, float))
+    if isinstance(cur, (tuple, list)):
+        return isinstance(v, list)
+    return isinstance(v, type(cur))
 
 
 def step_of(path: Path) -> int | None:
@@ -77,9 +103,12 @@ def unique_path(path: Path) -> Path:
 # Writing
 
 
-def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg, world: World) -> Path | None:
-    """Collective under torchrun (every rank calls it); rank 0 checks and writes. Returns the checkpoint path on rank
-    0. A failure on rank 0 (non-finite values, a failed write) ends every rank with the same error."""
+def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg, world: World,
+                    guards: dict | None = None) -> Path | None:
+    """Collective under torchrun (every rank calls it); rank 0 checks and writes. Returns the checkpoint path
+    on rank 0. A failure on rank 0 (non-finite values, a failed write) ends every rank with the same error.
+    `guards`: the run's guard counters (e.g. {"nonfinite_streak": 2}), saved so that a resume continues
+    them."""
     weights = full_state_dict(model)
     optim = full_optimizer_state_dict(model, optimizer)
     final, tmp = out / f"step_{step:06d}", out / f".tmp_step_{step:06d}"
@@ -87,12 +116,13 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
     if world.is_main:
         problem = nonfinite(weights, optim)
         if problem is None:
-            state = {"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng_state()}
-            problem = _write(tmp, lambda: _write_files(tmp, model, weights, tokenizer, state, cfg))
+            state = {"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng_state(),
+                     "guards": dict(guards or {})}
+            problem = write_folder(tmp, lambda: _write_files(tmp, model, weights, tokenizer, state, cfg))
         if problem is not None:
-            latest = latest_checkpoint(out)
+            latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else ""
             problem = (f"error: checkpoint of step {step} not written ({out / 'latest'} still names "
-                       f"{latest.name if latest else 'no checkpoint'}): {problem}")
+                       f"{latest or 'no checkpoint'}): {problem}")
     if world.all_max(int(problem is not None)):
         raise SystemExit(problem or f"error: rank 0 could not write the checkpoint of step {step} (see its log)")
     if world.is_main:
@@ -122,8 +152,9 @@ def _write_files(tmp: Path, model, weights: dict, tokenizer, state: dict, cfg) -
     write_checksums(tmp)
 
 
-def _write(tmp: Path, write) -> str | None:
-    """Run `write`; on failure remove the partial folder and say what failed, naming the path and a full disk."""
+def write_folder(tmp: Path, write) -> str | None:
+    """Run `write` (it fills the folder `tmp`); on failure remove the partial folder and say what failed,
+    naming the path and a full disk."""
     try:
         write()
         return None
@@ -136,22 +167,14 @@ def _write(tmp: Path, write) -> str | None:
         return f"could not write {tmp}: {type(e).__name__}: {first}"
 
 
-def out_of_space(e: BaseException, folder: Path) -> bool:
-    """ENOSPC anywhere in the exception chain, its text in a wrapped error (safetensors, tokenizers), or a folder
-    with (almost) no free space left after a write failed (torch's own writer reports only 'iostream error')."""
-    while e is not None:
-        if getattr(e, "errno", None) == errno.ENOSPC or any(s in str(e) for s in ("No space left", "os error 28")):
-            return True
-        e = e.__cause__ or e.__context__
-    try:
-        return shutil.disk_usage(folder).free < 2**20
-    except OSError:
-        return False
-
-
 def _publish(out: Path, tmp: Path, final: Path, keep: int) -> None:
     """Rename the complete folder into place, point `latest` at it, then delete checkpoints older than the newest
-    `keep` (never the one just written, never a newer one)."""
+    `keep` (never the one just written, never a newer one). A failed rename or write is one error line."""
+    with stop_on_io_error(out / "latest"):
+        _publish_files(out, tmp, final, keep)
+
+
+def _publish_files(out: Path, tmp: Path, final: Path, keep: int) -> None:
     if final.exists():  # only a checkpoint of another timeline can sit here: set it aside, never delete it
         aside = unique_path(out / f"{final.name}.replaced")
         os.replace(final, aside)
@@ -197,20 +220,50 @@ def set_rng_state(s: dict) -> None:
 # Starting and resuming
 
 
+RESUME_USE = "continue from it with --resume-from"
+
+
 def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint `latest` names; None without a `latest` file. A `latest` that is empty, unreadable or
+    names no step_XXXXXX folder is a ValueError saying so (never read as the run folder itself)."""
     p = out / "latest"
-    return out / p.read_text().strip() if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        name = p.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p} is unreadable ({e})") from None
+    if step_of(Path(name)) is None or Path(name).name != name:
+        said = "is empty" if not name else f"names {name[:80]!r}, not a step_XXXXXX checkpoint"
+        raise ValueError(f"{p} {said}")
+    return out / name
 
 
 def verify(ckpt: Path) -> str | None:
-    """None when every file listed in checksums.sha256 is present with its recorded hash; else what is wrong."""
+    """None when checksums.sha256 lists every file of the checkpoint and each is present with its recorded
+    hash; else what is wrong, naming the file. A checksum file that is missing, empty, malformed or incomplete
+    fails: a checkpoint is never taken on trust."""
     sums = ckpt / CHECKSUMS
     if not ckpt.is_dir():
-        return f"{ckpt} is missing"
-    if not sums.is_file():
-        return f"{sums} is missing (the checkpoint is incomplete or was written by an older version)"
-    for line in sums.read_text().splitlines():
-        digest, _, name = line.partition("  ")
+        return f"{ckpt} is missing (or not a folder)"
+    try:
+        lines = sums.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        if isinstance(e, FileNotFoundError):
+            return f"{sums} is missing (the checkpoint is incomplete or was written by an older version)"
+        return f"{sums} is unreadable ({getattr(e, 'strerror', None) or e})"
+    listed = {}
+    for n, line in enumerate(lines, 1):
+        m = _SUM_LINE.fullmatch(line)
+        if m is None or m.group(2) in (".", "..", CHECKSUMS):
+            return f"{sums} is malformed (line {n} is not '<sha256>  <file name>')"
+        listed[m.group(2)] = m.group(1)
+    if not listed:
+        return f"{sums} is empty (it lists no file)"
+    unlisted = sorted(p.name for p in ckpt.iterdir() if p.name != CHECKSUMS and p.name not in listed)
+    if unlisted:
+        return f"{ckpt / unlisted[0]} is not listed in {sums} (it does not cover the whole checkpoint)"
+    for name, digest in listed.items():
         path = ckpt / name
         try:
             actual = sha256(path)
@@ -221,25 +274,65 @@ def verify(ckpt: Path) -> str | None:
     return None
 
 
+def intact_hint(folder: Path, use: str, before: int | None = None, skip: Path | None = None) -> str:
+    """Where to go from a bad checkpoint: the newest checkpoint of `folder` (older than step `before` when
+    given, never `skip`) that verifies, with the flag that uses it (`use`), or that there is none."""
+    found = [c for c in checkpoints(folder) if c != skip and (before is None or step_of(c) < before)]
+    intact = next((c for c in reversed(found) if verify(c) is None), None)
+    kind = "intact older checkpoint" if before is not None else "intact checkpoint"
+    return f"the newest {kind} is {intact}: {use} {intact}" if intact else f"no {kind} in {folder}"
+
+
 def resume_checkpoint(out: Path, resume_from: str = "") -> Path | None:
-    """The checkpoint to resume from: --resume-from's (a folder, or a name inside `out`), else the one `latest` names
-    (None when there is none). Verified: a bad one is one error line naming the file and the newest intact older
-    checkpoint, with the flag that resumes from it."""
+    """The checkpoint to resume from: --resume-from's (a folder, or a name inside `out`), else the one
+    `latest` names (None when there is none). Verified: a bad one (or a bad `latest`) is one error line naming
+    the file and the newest intact (older) checkpoint, with the flag that resumes from it."""
     if resume_from:
         ckpt = Path(resume_from) if Path(resume_from).exists() else out / resume_from
     else:
-        ckpt = latest_checkpoint(out)
+        try:
+            ckpt = latest_checkpoint(out)
+        except ValueError as e:
+            hint = intact_hint(out, RESUME_USE)
+            raise SystemExit(f"error: cannot resume from {out}: {e}; {hint}") from None
     if ckpt is None:
         return None
     problem = verify(ckpt)
     if problem is None:
         return ckpt
-    step = step_of(ckpt)
-    older = [c for c in checkpoints(ckpt.parent) if step is None or step_of(c) < step]
-    intact = next((c for c in reversed(older) if verify(c) is None), None)
-    hint = (f"the newest intact older checkpoint is {intact}: continue from it with --resume-from {intact}"
-            if intact else f"no intact older checkpoint in {ckpt.parent}")
+    hint = intact_hint(ckpt.parent, RESUME_USE, before=step_of(ckpt), skip=ckpt)
     raise SystemExit(f"error: cannot resume from {ckpt}: {problem}; {hint}")
+
+
+def record_config(out: Path, cfg, ckpt: Path | None) -> None:
+    """After preflight and the resume checks: a new run (or a resume that found no checkpoint) writes
+    config.json (its flags and what they resolved to). A resume never overwrites it: the flags that differ
+    from the resumed checkpoint's smrc_config.json are appended to config.resumes.jsonl, one row per
+    resume."""
+    values = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as JSON lists, as saved configs hold
+    dump = json.dumps({**values, "resolved": cfg.resolved()}, indent=1)
+    print(dump, flush=True)
+    if ckpt is None:
+        with stop_on_io_error(out / "config.json"):
+            (out / "config.json").write_text(dump)
+        return
+    try:
+        saved = _flat(json.loads((ckpt / "smrc_config.json").read_text()))
+    except (OSError, ValueError):  # a checkpoint from outside a run: every flag is recorded
+        saved = {}
+    changed = {k: [saved.get(k), v] for k, v in _flat(values).items()
+               if saved.get(k) != v and k not in ("resume", "resume_from")}
+    row = {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed}
+    append_line(out / RESUMES, json.dumps(row))
+    print(f"[resume] from {ckpt}; {len(changed)} flags differ from its config (recorded in {out / RESUMES}, "
+          f"config.json unchanged): {sorted(changed)}", flush=True)
+
+
+def _flat(tree: dict, where: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{where}{k}.") if isinstance(v, dict) else {f"{where}{k}": v})
+    return out
 
 
 def set_aside_newer(out: Path, step: int) -> None:
@@ -250,9 +343,11 @@ def set_aside_newer(out: Path, step: int) -> None:
         print(f"[resume] {ckpt} is after step {step}; moved to {aside}", flush=True)
 
 
-def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
+def load_trainer_state(ckpt: Path, model, optimizer, bank, guards: dict | None = None) -> int:
     """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the model).
-    weights_only=True: the file holds tensors and plain data only, so loading it runs no pickled code."""
+    weights_only=True: the file holds tensors and plain data only, so loading it runs no pickled code.
+    `guards` (the run's guard counters, at their defaults) is updated from the checkpoint's; an older
+    checkpoint without them leaves the defaults. Returns the checkpoint's step."""
     path = ckpt / "trainer_state.pt"
     try:
         state = torch.load(path, weights_only=True)
@@ -262,6 +357,8 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank) -> int:
     load_full_optimizer_state_dict(model, optimizer, state["optimizer"])
     bank.load_state_dict(state["bank"])
     set_rng_state(state["rng"])
+    if guards is not None:
+        guards.update({k: v for k, v in state.get("guards", {}).items() if k in guards})
     return state["step"]
 
 

@@ -7,7 +7,11 @@ whole run (`envs.stratified_subset` of the eval split, seeded by the run's seed)
 `--eval-temperature`, under a torch seed derived from (seed, step), through rollout.collect_rollouts (ordinary prompts
 only). Its row goes to metrics.jsonl as {"step", "val/success_rate", "val/score", "val/success/<type>", ...}, so
 "best during training" and "final" can both be reported from the same file; the weights of the best row so far are
-kept in output_dir/best/ (loadable with from_pretrained, with best.json naming its step and numbers).
+kept in output_dir/best/ (loadable with from_pretrained, with checksums.sha256 so that evaluate.py verifies
+it, and best.json naming its step and numbers).
+
+A failed write here (metrics.jsonl, the rollout archive, best/) is one `error:` line naming the file and the
+cause; the rows and checkpoints written before stay, and the run stops cleanly (scale/safe_io.py).
 """
 
 import dataclasses
@@ -22,7 +26,9 @@ import numpy as np
 import torch
 
 import rollout
+from scale.checkpoint import write_checksums, write_folder
 from scale.distributed import full_state_dict, unwrap
+from scale.safe_io import append_line, stop_on_io_error
 
 
 def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank) -> None:
@@ -33,8 +39,9 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
     n_turns = sum(len(st.turns) for st in stats)
     counters = {k: total("counters", k) for k in everyone[0]["counters"]}
     dt = max(r["times"]["step_s"] for r in everyone)
-    dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
-                                    cfg.archive_max_turns) if cfg.archive_max_turns else 0
+    with stop_on_io_error(out / "rollouts.jsonl.gz"):
+        dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
+                                        cfg.archive_max_turns) if cfg.archive_max_turns else 0
     m = {"step": step, **rollout.rollout_metrics(stats, counters),
          "router/match_rate": total("route", "router/matched_turns") / max(n_turns, 1),
          **{k: total("route", k) for k in everyone[0]["route"]}, **bank.metrics(),
@@ -53,8 +60,7 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
          "time/update_s": max(r["times"]["update_s"] for r in everyone),
          "time/peak_gpu_mem_gb": max(r["times"]["peak_mem_gb"] for r in everyone),
          "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(m) + "\n")
+    append_line(out / "metrics.jsonl", json.dumps(m))
     print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
           f"gap {m['sd/teacher_minus_student_logp']:.3f} | cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
@@ -102,8 +108,7 @@ def validate(cfg, engine, pool, tokenizer, panel: list, step: int, world) -> dic
            "val/tasks": len(done), "val/temperature": cfg.eval_temperature, "time/val_s": time.perf_counter() - t0}
     for tt in sorted({d[0] for d in done}):
         row[f"val/success/{tt}"] = float(np.mean([d[1] for d in done if d[0] == tt]))
-    with open(Path(cfg.output_dir) / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_line(Path(cfg.output_dir) / "metrics.jsonl", json.dumps(row))
     print(f"val {step}/{cfg.steps} | success {row['val/success_rate']:.3f} | score {row['val/score']:.3f} on "
           f"{len(done)} tasks at T={cfg.eval_temperature}", flush=True)
     return row
@@ -125,11 +130,19 @@ def save_best(out: Path, model, tokenizer, cfg, row: dict | None, world) -> bool
     weights = full_state_dict(model)
     if world.is_main:
         tmp, final = out / ".tmp_best", out / "best"
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        best.write_text(json.dumps(row, indent=1))
+
+        def write():
+            shutil.rmtree(tmp, ignore_errors=True)
+            unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+            write_checksums(tmp)
+        problem = write_folder(tmp, write)
+        if problem is not None:
+            raise SystemExit(f"error: the best weights of step {row['step']} not written ({final} keeps the "
+                             f"previous best): {problem}")
+        with stop_on_io_error(final):
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            best.write_text(json.dumps(row, indent=1))
     return True

@@ -1,19 +1,41 @@
-"""Checks a run passes before any heavy work (no model, env or engine exists yet), each failure one `error:` line
-naming the flag and what it allows.
+"""Checks a run passes before any heavy work (no model, env or engine exists yet), each failure one `error:`
+line naming the flag (or file) and what it allows. Every flag that reaches a library call is checked here.
 
-- `validate_config(cfg)`: the numbers of the config (RULES: flag, allowed range); every algorithm here is GRPO-based,
-  so a group needs at least 2 rollouts for its baseline.
-- `prepare_output_dir(out, fresh)` (rank 0): the output folder is a folder and takes a file; a fresh run (no
-  --resume) refuses a folder that holds checkpoints, so two runs' steps never mix (continue it with --resume, or pick
-  a new --output-dir); stale `.tmp_step_*` folders of a save that did not finish are removed.
+- `validate_config(cfg)`: the numbers of the config (RULES and ENV_RULES: flag, allowed range), the task
+  types, the device; every algorithm here is GRPO-based, so a group needs at least 2 rollouts for its
+  baseline; the learning rate must fit AdamW's float32 step size.
+- `check_model(name, flag)` / `check_model_dir(path, flag)`: a model folder is loadable (config, tokenizer,
+  complete weights); a run checkpoint (it has checksums.sha256 or trainer_state.pt) must verify
+  (scale/checkpoint.verify), a plain save_pretrained folder is accepted as unverified.
+- `validate_eval_args(args)`, `check_split(cfg, split)`: evaluate.py's numbers and split.
+- `open_run(cfg, world)`: the output folder for the run's life: locked (`lock_run`: a second run into it is
+  refused naming the holder's PID; the kernel drops the lock of a dead run), prepared (`prepare_output_dir`: a
+  fresh run refuses a folder that holds checkpoints; stale `.tmp_step_*` folders are removed), the resumed
+  checkpoint verified, and only then the config recorded (scale/checkpoint.record_config).
 """
 
+import fcntl
+import json
 import math
+import os
+import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
-from scale.checkpoint import checkpoints
+import torch
+
+from environments.alfworld import OFFICIAL_SPLITS, TASK_TYPES
+from environments.alfworld_games import SPLITS as GENERATED_SPLITS
+from scale.checkpoint import CHECKSUMS, checkpoints, intact_hint, record_config, resume_checkpoint, verify
+
+LOCK = "run.lock"
+# AdamW's first step moves a weight by lr / (1 - beta1) = 10·lr (beta1 = 0.9, torch's default, used here), a
+# scalar of the weights' dtype (float32): from lr ≈ 3.4e37 on it overflows (a RuntimeError in the optimizer)
+LR_MAX = 1e37
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _int(lo: int):
@@ -44,7 +66,7 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("rollout.sampling.top_p", _real(0, 1, open_lo=True)),
     ("rollout.sampling.top_k", _int(0)),
     ("rollout.vllm_gpu_memory", _real(0, 1, open_lo=True)),
-    ("grpo.lr", _real(0)),
+    ("grpo.lr", (_real(0, LR_MAX)[0], f"{_real(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
     ("grpo.weight_decay", _real(0)),
     ("grpo.clip_ratio_low", _real(0, 1)),
     ("grpo.clip_ratio_high", _real(0)),
@@ -60,20 +82,200 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("grpo.max_nonfinite_steps", _int(1)),
     ("grpo.sd_is_cap", ((lambda v: v >= 1), "a number >= 1 (inf: untruncated)")),  # NaN fails
     ("teacher.oracle", _real(0, 1)),
+    ("teacher.max_prompt_tokens", _int(1)),
+    ("teacher.micro_batch_tokens", _int(1)),
     ("{env}.max_steps", _int(1)),
+    ("{env}.history_length", _int(0)),
+    ("{env}.invalid_action_penalty", (math.isfinite, "a finite number")),
+    ("{env}.num_workers", (_int(-1)[0], "an integer >= -1 (-1: one per core, 0: in-process)")),
+    ("{env}.step_timeout_s", _real(0, open_lo=True)),
+    ("{env}.planner_timeout_s", _real(0, open_lo=True)),
+]
+ENV_RULES = {  # the settings only one environment has
+    "alfworld": [("alfworld.num_train_games", _int(1)), ("alfworld.num_eval_games", _int(1)),
+                 ("alfworld.game_cache_size", _int(1))],
+    "webshop": [("webshop.num_products", _int(1)), ("webshop.num_eval_goals", _int(1))],
+}
+EVAL_RULES = [  # evaluate.py eval's numbers (None: the checkpoint's value)
+    ("k", _int(1)),
+    ("limit", _int(0)),
+    ("tasks_per_batch", _int(1)),
+    ("temperature", _real(0)),
+    ("max_new_tokens", _int(1)),
+    ("max_steps", _int(1)),
 ]
 
 
 def validate_config(cfg) -> None:
-    for name, (ok, allowed) in RULES:
-        name = name.format(env=cfg.env)
-        value = cfg
+    _check_rules(cfg, [(name.format(env=cfg.env), rule) for name, rule in RULES + ENV_RULES[cfg.env]])
+    if cfg.env == "alfworld":
+        unknown = [t for t in cfg.alfworld.task_types if t not in TASK_TYPES]
+        if unknown or not cfg.alfworld.task_types:
+            raise SystemExit(f"error: --alfworld.task-types {' '.join(unknown) or '(none)'} is not a task "
+                             f"type; allowed: one or more of {', '.join(TASK_TYPES)}")
+    check_device(cfg.device)
+
+
+def validate_eval_args(args) -> None:
+    """evaluate.py eval's numbers and device, before anything is loaded."""
+    _check_rules(args, EVAL_RULES)
+    check_device(args.device)
+
+
+def _check_rules(obj, rules: list) -> None:
+    for name, (ok, allowed) in rules:
+        value = obj
         for part in name.split("."):
             value = getattr(value, part)
-        if value is None:  # a field left to --algo or to its form's default
+        if value is None:  # a field left to --algo, to its form's default or to the checkpoint
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
             raise SystemExit(f"error: --{name.replace('_', '-')} {value!r} is out of range; allowed: {allowed}")
+
+
+def check_device(name: str, flag: str = "--device") -> None:
+    """auto, cpu, cuda or cuda:N, where a CUDA device must exist here."""
+    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if name in ("auto", "cpu"):
+        return
+    if m is None:
+        raise SystemExit(f"error: {flag} {name!r} is not a device; allowed: auto, cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"error: {flag} {name}: no CUDA device is available here (torch "
+                         f"{torch.__version__}); use {flag} cpu, or {flag} auto (a GPU when there is one)")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise SystemExit(f"error: {flag} {name}: this machine has {torch.cuda.device_count()} CUDA devices "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+
+
+def check_split(cfg, split: str, flag: str = "--split") -> None:
+    """The split exists for the environment (and, for ALFWorld, its source of games)."""
+    if cfg.env == "webshop":
+        allowed = ("train", "eval")
+    else:
+        allowed = GENERATED_SPLITS if cfg.alfworld.source == "generated" else (*OFFICIAL_SPLITS, "eval")
+    if split not in allowed:
+        where = f"{cfg.alfworld.source} ALFWorld games" if cfg.env == "alfworld" else "WebShop"
+        raise SystemExit(f"error: {flag} {split!r} is not a split of {where}; allowed: {', '.join(allowed)}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Models
+
+
+def check_model(name: str, flag: str) -> None:
+    """A local folder must hold a loadable model (`check_model_dir`); any other name a hub id found here."""
+    if Path(name).is_dir():
+        check_model_dir(Path(name), flag)
+        return
+    from transformers import AutoConfig
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {flag} {name} is neither a model folder nor a hub id found here "
+                         f"({str(e).strip().splitlines()[0]})") from None
+
+
+def check_model_dir(path: Path, flag: str) -> bool:
+    """True for a run checkpoint (checksums.sha256 or trainer_state.pt in it), which must verify; False for a
+    plain save_pretrained folder (unverified), which needs config.json, a tokenizer and complete weights. Each
+    failure is one error line naming the flag and the file (and the newest intact checkpoint of the run)."""
+    if (path / CHECKSUMS).exists() or (path / "trainer_state.pt").exists():
+        problem = verify(path)
+        if problem:
+            hint = intact_hint(path.parent, f"use it with {flag}", skip=path)
+            raise SystemExit(f"error: {flag} {path} fails verification: {problem}; {hint}")
+        return True
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        said = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SystemExit(f"error: {flag} {path}: no readable config.json ({said})") from None
+    if not any((path / t).is_file() for t in ("tokenizer.json", "tokenizer_config.json")):
+        raise SystemExit(f"error: {flag} {path} holds no tokenizer (tokenizer.json or tokenizer_config.json)")
+    if not any((path / w).is_file() for w in WEIGHT_FILES):
+        raise SystemExit(f"error: {flag} {path} holds no weights (none of {', '.join(WEIGHT_FILES)})")
+    from safetensors import safe_open
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(weights, "pt"):  # reads the header, checks it against the file's size
+                pass
+        except Exception as e:  # safetensors' own error type for a damaged header or a truncated file
+            raise SystemExit(f"error: {flag} {path}: {weights} is damaged or truncated "
+                             f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+    return False
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The output folder
+
+
+@contextmanager
+def open_run(cfg, world):
+    """The output folder for the run's life: locked and prepared (rank 0), the checkpoint to resume verified
+    (every rank), then the config recorded (rank 0). Yields the verified checkpoint (None: a run from step
+    0)."""
+    out = Path(cfg.output_dir)
+    lock = lock_run(out) if world.is_main else None
+    try:
+        if world.is_main:
+            prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
+        ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None
+        if world.is_main:
+            record_config(out, cfg, ckpt)
+        yield ckpt
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class RunLock:
+    """An exclusive flock on out/run.lock (the file holds the holder's PID) until `release`, which removes the
+    file while still holding the lock (a run that takes it meanwhile sees the file gone and retries,
+    `lock_run`)."""
+
+    def __init__(self, path: Path, file):
+        self.path, self.file = path, file
+
+    def release(self) -> None:
+        if not self.file.closed:
+            self.path.unlink(missing_ok=True)
+            self.file.close()  # drops the flock
+
+
+def lock_run(out: Path) -> RunLock:
+    """The run lock of `out`, held for the run's life. A second run into the folder is refused naming the
+    holder's PID; the kernel drops the lock when its holder dies (SIGKILL included), so a dead run's stale
+    file blocks nothing (a later run or --resume takes it)."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --output-dir {out} is a file; it must be a folder (new or existing)")
+    path = out / LOCK
+    while True:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a+")
+        except OSError as e:
+            raise SystemExit(f"error: --output-dir {out} is not writable ({e.strerror or e})") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise SystemExit(f"error: --output-dir {out} is in use by another run (PID {holder} holds "
+                             f"{path}); wait for it to end, or start this run in a new --output-dir"
+                             ) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # the holder released (and removed) the file after we opened it: lock the current one
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return RunLock(path, f)
 
 
 def prepare_output_dir(out: Path, fresh: bool) -> None:
