@@ -4,7 +4,7 @@ small: one in-process run and its resume (items 4 and 5), one in-process run wit
 five CLI calls that stop before any model is loaded; the rest call the real functions on checkpoints of the
 embedded tiny model saved the way the trainer saves them.
 
-Run: pytest tests/test_run_guards.py -q   (about 3 minutes on 2 cores)
+Run: pytest tests/test_run_guards.py -q   (about a minute on 2 cores)
 """
 import dataclasses
 import errno
