@@ -1,14 +1,17 @@
 """The CPU mini-reproduction: does RL improve the embedded agent, and how do GRPO, FullPath-SD and SMRC-SD compare?
 
-    python bench/learn.py                                   # 3 algorithms x 3 seeds, eval on 200 held-out games, k=4
+    python bench/learn.py          # GRPO, FullPath-SD, SMRC-SD x 5 seeds + their oracle-teacher rows x 3 seeds,
+                                   # 30 steps each, eval on 200 held-out games, k=4
     python bench/learn.py --seeds 0 --lambdas 0.1 0.3 1     # + the λ sweep of the distillation runs (seed 0)
     python bench/learn.py --algos grpo fullpath-sd smrc-sd skill-sd sdar          # the paper's five rows
-    python bench/learn.py --steps 2 --eval-games 2 --train-games 6 --out /tmp/learn      # smoke test
+    python bench/learn.py --steps 2 --eval-games 2 --train-games 6 --oracle-algos --out /tmp/learn  # smoke test
 
 Every run is the project's own trainer, `smrc.py --preset learn --algo A --seed S` (tiny-agent on small generated
 games, admissible action space, references = the policy's own successes), in its own folder; every evaluation is the
 project's own `evaluate.py eval` of the run's final checkpoint on the same held-out panel; the warm start itself is
 evaluated once as the "before" row. All runs of one algorithm differ only in the seed; no algorithm gets its own tuning.
+Oracle rows (`oracle-A`): algorithm A with `--teacher.oracle α` (no model teacher: a perfect reader of A's candidate),
+so "routing helps" and "the tiny model reads its reference well enough" are two separate answers.
 λ: --sd-coef for the trajectory-context methods (fullpath-sd, smrc-sd: reverse-KL L_SD), and each skill-text
 baseline's anchor value for its own loss form (skill-sd 0.001, sdar 0.01, grpo-opsd 0.01: grpo.SD_COEF), since their
 loss terms live on other scales; the λ sweep (--lambdas) is of the reverse-KL methods.
@@ -18,8 +21,9 @@ JSON exists) is not repeated, so an interrupted sweep picks up where it stopped.
 `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine from those small files
 (bench/results/learn_sweep/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
 weights (sha256), and a sweep with another build of it is refused.
-Writes OUT/results.json (every number), OUT/results.md (the table) and OUT/curves.png (training success vs step,
-mean ± standard error over seeds, of the main table's algorithms; the λ sweep is in the table only).
+Writes OUT/results.json (every number), OUT/results.md (the table, each row's Avg@k gain over the warm start and the
+paired-by-task differences of PAIRS) and OUT/curves.png (training success, a moving average, and the in-loop
+validation success on fixed games, mean ± standard error over seeds; the λ sweep is in the table only).
 """
 import hashlib
 import json
@@ -43,13 +47,26 @@ from smrc import ALGOS  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+ORACLE = "oracle-"  # a row name's prefix: the algorithm with the oracle teacher (--teacher.oracle α), no model teacher
+PAIRS = (("smrc-sd", "fullpath-sd"), ("smrc-sd", "grpo"), ("fullpath-sd", "grpo"),
+         ("oracle-smrc-sd", "oracle-fullpath-sd"), ("oracle-smrc-sd", "grpo"), ("oracle-fullpath-sd", "grpo"))
+
+
 @dataclass
 class LearnArgs:
     algos: tuple[str, ...] = ("grpo", "fullpath-sd", "smrc-sd")
     """algorithms compared (same warm start, same budget)"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """seeds per algorithm"""
-    steps: int = 8
+    oracle_algos: tuple[str, ...] = ("fullpath-sd", "smrc-sd")
+    """algorithms also run with the oracle teacher, as rows `oracle-A` (a perfect reader of A's candidate); () for
+    none"""
+    oracle_seeds: tuple[int, ...] = (0, 1, 2)
+    """seeds of the oracle rows"""
+    oracle_alpha: float = 0.5
+    """α of the oracle rows' teacher (1−α)·π_student + α·δ_candidate (0.5: on the candidate, about the model
+    teacher's measured gain of ~1 nat over a student that gives it ~0.2)"""
+    steps: int = 30
     """RL steps per run"""
     model: str = "tiny-agent"
     """the warm start every run starts from (tiny-agent-quick for smoke runs)"""
@@ -58,8 +75,8 @@ class LearnArgs:
     group_size: int = 8
     """rollouts per task"""
     sd_coef: float = 0.3
-    """λ of the main table's reverse-KL distillation runs (fullpath-sd, smrc-sd); skill-sd, sdar and grpo-opsd run
-    at their loss form's anchor λ"""
+    """λ of the main table's reverse-KL distillation runs (fullpath-sd, smrc-sd and their oracle rows); skill-sd, sdar
+    and grpo-opsd run at their loss form's anchor λ"""
     lambdas: tuple[float, ...] = ()
     """extra λ values for fullpath-sd and smrc-sd (first seed only): the λ sweep"""
     train_games: int = 320
@@ -69,6 +86,11 @@ class LearnArgs:
     --limit, the same subset for every row)"""
     k: int = 4
     """sampled attempts per evaluation game (Avg@k, Pass@k)"""
+    eval_every: int = 10
+    """in-loop validation every N steps (smrc.py --eval-every; 0: none): a curve on fixed games, free of which tasks
+    a step drew"""
+    val_games: int = 48
+    """games of the in-loop validation panel (smrc.py --eval-tasks)"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
     report_only: bool = False
@@ -108,32 +130,40 @@ def _run(args: LearnArgs, cmd: list[str], log: Path) -> None:
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
 
 
-def main_lambda(args: LearnArgs, algo: str) -> float:
-    """λ of an algorithm's main-table runs: 0 for GRPO, --sd-coef for the reverse-KL L_SD of the trajectory-context
-    methods, the anchors' value for the other loss forms (an ρ·k3 or a gated likelihood term at λ = 0.3 would be
-    another method than the one the anchors run)."""
+def main_lambda(args: LearnArgs, row: str) -> float:
+    """λ of a row's main-table runs: 0 for GRPO, --sd-coef for the reverse-KL L_SD of the trajectory-context
+    methods (oracle rows too), the anchors' value for the other loss forms (an ρ·k3 or a gated likelihood term at
+    λ = 0.3 would be another method than the one the anchors run)."""
+    algo = row.removeprefix(ORACLE)
     form = ALGOS[algo][2]
     return 0.0 if algo == "grpo" else (args.sd_coef if form == "reverse-kl" else SD_COEF[form])
 
 
 def plan(args: LearnArgs) -> list[tuple[str, int, float]]:
-    """(algorithm, seed, λ) of every run, seed-major (an interrupted sweep has every algorithm at the same number of
-    seeds), then the λ sweep of the reverse-KL methods on the first seed."""
-    jobs = [(a, s, main_lambda(args, a)) for s in args.seeds for a in args.algos]
+    """(row, seed, λ) of every run, seed-major (an interrupted sweep has every row at the same number of seeds): each
+    seed's algorithms, then its oracle rows (seeds in --oracle-seeds); then the λ sweep of the reverse-KL methods on
+    the first seed."""
+    jobs = [(row, s, main_lambda(args, row)) for s in args.seeds
+            for row in [*args.algos, *(ORACLE + a for a in args.oracle_algos if s in args.oracle_seeds)]]
+    jobs += [(ORACLE + a, s, main_lambda(args, a)) for s in args.oracle_seeds if s not in args.seeds
+             for a in args.oracle_algos]
     return jobs + [(a, args.seeds[0], lam) for lam in args.lambdas for a in args.algos
                    if a != "grpo" and ALGOS[a][2] == "reverse-kl" and lam != args.sd_coef]
 
 
-def _run_dir(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
-    return Path(args.out) / (f"{algo}-lam{sd_coef:g}-seed{seed}" if algo != "grpo" else f"grpo-seed{seed}")
+def _run_dir(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
+    return Path(args.out) / (f"{row}-lam{sd_coef:g}-seed{seed}" if row != "grpo" else f"grpo-seed{seed}")
 
 
-def _train(args: LearnArgs, algo: str, seed: int, sd_coef: float) -> Path:
-    run = _run_dir(args, algo, seed, sd_coef)
+def _train(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
+    run = _run_dir(args, row, seed, sd_coef)
     final = run / f"step_{args.steps:06d}"
     if not (final / "config.json").exists():
         run.mkdir(parents=True, exist_ok=True)
-        _run(args, ["smrc.py", "--preset", "learn", "--algo", algo, "--seed", str(seed),
+        oracle = ["--teacher.oracle", str(args.oracle_alpha)] if row.startswith(ORACLE) else []
+        val = ["--eval-every", str(args.eval_every), "--eval-tasks", str(args.val_games)] if args.eval_every else []
+        _run(args, ["smrc.py", "--preset", "learn", "--algo", row.removeprefix(ORACLE), *oracle, *val,
+                    "--seed", str(seed),
                     "--steps", str(args.steps), "--save-every", str(args.steps), "--output-dir", str(run),
                     "--grpo.sd-coef", str(sd_coef), "--model", args.model,
                     "--rollout.tasks-per-step", str(args.tasks_per_step),
@@ -178,8 +208,9 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-def _curve(run: Path) -> list[float]:
-    return [r["rollout/success_rate"] for r in sorted(_metrics(run), key=lambda r: r["step"])]
+def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, float]]:
+    """(step, value) of a metric over a run, in step order: training success, or the validation's (val/...)."""
+    return sorted((r["step"], r[key]) for r in _metrics(run) if key in r)
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -195,7 +226,8 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
         row[f"avg@{k}"] = (evals[0][f"avg@{k}"], evals[0][f"avg@{k}_se"])
     if runs:
         metrics = [_metrics(r) for r in runs]
-        for key in ("router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"):
+        for key in ("router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
+                    "actor/entropy"):
             per_run = [[m[key] for m in ms if key in m and not np.isnan(m[key])] for ms in metrics]
             if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
                 row[key] = _mean_se([np.mean(v) for v in per_run])
@@ -211,13 +243,23 @@ def _per_task(args: LearnArgs, name: str) -> dict[str, float]:
     return {t: float(np.mean(v)) for t, v in by_task.items()}
 
 
-def paired_gain(args: LearnArgs, runs: list[Path]) -> tuple[float, float]:
-    """Avg@k gain over the warm start on the same panel: per task, (mean over seeds of its success) − (its warm-start
-    success); mean ± SE over tasks. It carries the panel's sampling noise, which the SE over seeds does not see."""
-    before = _per_task(args, "warm-start")
-    after = [_per_task(args, r.name) for r in runs]
-    d = np.asarray([np.mean([a[t] for a in after]) - before[t] for t in sorted(before)])
+def _per_task_mean(args: LearnArgs, names: list[str]) -> dict[str, float]:
+    """Each panel task's success averaged over its k attempts and over the evaluations `names` (a row's seeds)."""
+    per = [_per_task(args, n) for n in names]
+    return {t: float(np.mean([p[t] for p in per])) for t in per[0]}
+
+
+def paired_difference(args: LearnArgs, a: list[str], b: list[str]) -> tuple[float, float]:
+    """Avg@k of evaluations `a` minus `b` on the same panel, paired by task: per task, (mean over a's seeds) − (mean
+    over b's); mean ± SE over tasks. It carries the panel's sampling noise, which an SE over seeds does not see."""
+    pa, pb = _per_task_mean(args, a), _per_task_mean(args, b)
+    d = np.asarray([pa[t] - pb[t] for t in sorted(pb)])
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+
+
+def paired_gain(args: LearnArgs, runs: list[Path]) -> tuple[float, float]:
+    """Avg@k gain of a row's runs over the warm start, paired by task (paired_difference)."""
+    return paired_difference(args, [r.name for r in runs], ["warm-start"])
 
 
 def markdown(rows: list[dict], k: int) -> str:
@@ -231,7 +273,22 @@ def markdown(rows: list[dict], k: int) -> str:
     return "\n".join(lines)
 
 
-def plot(curves: dict[str, list[list[float]]], path: Path) -> None:
+SMOOTH = 5  # steps in the training curve's moving average (which tasks a step drew moves the raw curve a lot)
+
+
+def _band(ax, runs: list[list[tuple[int, float]]], label: str, smooth: int = 1) -> None:
+    """Mean ± SE over runs (their common steps), after a trailing moving average of `smooth` points per run."""
+    n = min(map(len, runs))
+    c = np.asarray([[v for _, v in r[:n]] for r in runs])
+    c = np.stack([[row[max(0, i - smooth + 1):i + 1].mean() for i in range(n)] for row in c])
+    mean, se = c.mean(0), (c.std(0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros(n))
+    steps = [s for s, _ in runs[0][:n]]
+    ax.plot(steps, mean, marker="o" if n < 8 else None, label=f"{label} (n={len(c)})")
+    ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+
+
+def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
+    """Training success (moving average over SMOOTH steps) and in-loop validation success, mean ± SE over seeds."""
     try:
         import matplotlib
     except ImportError:
@@ -239,18 +296,19 @@ def plot(curves: dict[str, list[list[float]]], path: Path) -> None:
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, runs in curves.items():
-        n = min(map(len, runs))
-        c = np.asarray([r[:n] for r in runs])
-        mean, se = c.mean(0), (c.std(0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros(n))
-        steps = np.arange(1, n + 1)
-        ax.plot(steps, mean, label=f"{name} (n={len(c)})")
-        ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("training success rate (sampled)")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    val = {n: runs for n, runs in val.items() if runs and all(runs)}
+    fig, axes = plt.subplots(1, 1 + bool(val), figsize=(6 + 5 * bool(val), 4), squeeze=False)
+    for name, runs in train.items():
+        _band(axes[0][0], runs, name, SMOOTH)
+    axes[0][0].set_ylabel(f"training success (sampled, {SMOOTH}-step moving average)")
+    for name, runs in val.items():
+        _band(axes[0][1], runs, name)
+    if val:
+        axes[0][1].set_ylabel("validation success (fixed panel)")
+    for ax in axes[0]:
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -265,17 +323,22 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
         gain = _mean_se([m[f"avg@{args.k}"] - before[f"avg@{args.k}"] for _, m in results["grpo"]])
     table = markdown(rows, args.k)
     paired = {name: paired_gain(args, [r for r, _ in rs]) for name, rs in results.items()}
+    differences = {f"{a} − {b}": paired_difference(args, [r.name for r, _ in results[a]], [r.name for r, _ in results[b]])
+                   for a, b in PAIRS if results.get(a) and results.get(b)}
     summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
-               "wall_s": seconds,
+               "paired_difference_avg@k": differences, "wall_s": seconds,
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
-    (out / "results.json").write_text(json.dumps(summary, indent=1))
-    (out / "results.md").write_text(table + "\n")
-    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items() if n in args.algos},  # λ sweep: table only
-         out / "curves.png")
     if gain:
-        table += f"\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
+        table += f"\n\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
     for name, (g, se) in paired.items():
         table += f"\n{name} gain over the warm start, avg@{args.k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+    for name, (g, se) in differences.items():
+        table += f"\n{name}, avg@{args.k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(table + "\n")
+    main_rows = {n: rs for n, rs in results.items() if n.removeprefix(ORACLE) in args.algos}  # λ sweep: table only
+    plot({n: [_curve(r) for r, _ in rs] for n, rs in main_rows.items()},
+         {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in main_rows.items()}, out / "curves.png")
     return table
 
 
@@ -307,8 +370,8 @@ def main(args: LearnArgs) -> None:
         greedy, before = greedy_job.result(), before_job.result()
         print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
               f"{greedy['tasks']} held-out games)", flush=True)
-        for (algo, seed, lam), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
-            name = algo if lam == main_lambda(args, algo) else f"{algo} λ={lam:g}"
+        for (row, seed, lam), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
+            name = row if lam == main_lambda(args, row) else f"{row} λ={lam:g}"
             results.setdefault(name, []).append((run, metrics))
             wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing: no wall time
             table = summarize(args, before, results, wall, greedy)

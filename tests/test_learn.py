@@ -15,17 +15,31 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos", "grpo", "smrc-sd",
+         "--oracle-algos", "smrc-sd", "--oracle-seeds", "0", "--eval-every", "2", "--val-games", "2",
          "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2",
-         "--workers", "2"]
+         "--workers", "2", "--sd-coef", "0.3"]
 
 
 def test_plan_runs_each_loss_form_at_its_lambda():
     """The trajectory-context methods run at --sd-coef (and the λ sweep), the skill-text baselines at their anchor λ."""
     from bench.learn import LearnArgs, plan
-    args = LearnArgs(algos=("grpo", "smrc-sd", "skill-sd", "sdar", "fullpath-sd"), seeds=(0, 1), lambdas=(0.1, 0.3, 1))
+    args = LearnArgs(algos=("grpo", "smrc-sd", "skill-sd", "sdar", "fullpath-sd"), seeds=(0, 1), lambdas=(0.1, 0.3, 1),
+                     oracle_algos=(), sd_coef=0.3)
     main = [("grpo", 0.0), ("smrc-sd", 0.3), ("skill-sd", 0.001), ("sdar", 0.01), ("fullpath-sd", 0.3)]
     assert plan(args) == [(a, s, lam) for s in (0, 1) for a, lam in main] + \
         [("smrc-sd", 0, 0.1), ("fullpath-sd", 0, 0.1), ("smrc-sd", 0, 1), ("fullpath-sd", 0, 1)]
+
+
+def test_plan_puts_the_oracle_rows_beside_their_seeds():
+    """Oracle rows run at the reverse-KL λ on their own seeds, each seed's rows together (seed-major), and get their
+    own run folders, which pass --teacher.oracle to the trainer."""
+    from bench.learn import LearnArgs, _run_dir, plan
+    args = LearnArgs(algos=("grpo", "smrc-sd"), seeds=(0, 1, 2), oracle_algos=("fullpath-sd", "smrc-sd"),
+                     oracle_seeds=(0, 3), sd_coef=0.2, out="OUT")
+    assert plan(args) == [("grpo", 0, 0.0), ("smrc-sd", 0, 0.2), ("oracle-fullpath-sd", 0, 0.2),
+                          ("oracle-smrc-sd", 0, 0.2), ("grpo", 1, 0.0), ("smrc-sd", 1, 0.2), ("grpo", 2, 0.0),
+                          ("smrc-sd", 2, 0.2), ("oracle-fullpath-sd", 3, 0.2), ("oracle-smrc-sd", 3, 0.2)]
+    assert _run_dir(args, "oracle-smrc-sd", 3, 0.2) == Path("OUT/oracle-smrc-sd-lam0.2-seed3")
 
 
 def _learn(out: Path) -> subprocess.CompletedProcess:
@@ -38,19 +52,24 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     names = [r["name"] for r in res["rows"]]
-    assert names == ["warm start (before RL)", "grpo", "smrc-sd"]
+    assert names == ["warm start (before RL)", "grpo", "smrc-sd", "oracle-smrc-sd"]
     for row in res["rows"]:
         assert 0.0 <= row["avg@2"][0] <= row["pass@2"][0] <= 1.0
         assert row["valid_action_ratio"][0] == 1.0  # the learn preset decodes admissible commands only
     smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd")
     assert 0.0 <= smrc["router/match_rate"][0] <= 1.0 and "sd/distilled_share" in smrc
     assert res["grpo_gain_avg@k"] is not None
-    assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd"} and -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
+    assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd", "oracle-smrc-sd"}
+    assert -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
+    assert set(res["paired_difference_avg@k"]) == {"smrc-sd − grpo", "oracle-smrc-sd − grpo"}
+    oracle = json.loads((tmp_path / "oracle-smrc-sd-lam0.3-seed0" / "config.json").read_text())
+    assert oracle["teacher"]["oracle"] == 0.5 and oracle["algo"] == "smrc-sd"  # the oracle row's own trainer flags
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
     assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
-    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0"):
+    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0", "oracle-smrc-sd-lam0.3-seed0"):
         rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [1, 2]
+        assert [r["step"] for r in rows if "rollout/success_rate" in r] == [1, 2]
+        assert [r["step"] for r in rows if "val/success_rate" in r] == [2]  # --eval-every 2: the in-loop validation
         assert (tmp_path / run / "step_000002" / "model.safetensors").exists()
         assert json.loads((tmp_path / "eval" / f"{run}.json").read_text())["k"] == 2
     assert "| smrc-sd | 1 |" in (tmp_path / "results.md").read_text()
@@ -61,13 +80,14 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
-    shutil.rmtree(tmp_path / "smrc-sd-lam0.3-seed0")  # --report-only: the table of what has finished, nothing run
+    for run in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-lam0.3-seed0"):  # --report-only: what has finished only
+        shutil.rmtree(tmp_path / run)
     report = subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(tmp_path),
                              "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]] == \
         ["warm start (before RL)", "grpo"]
-    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists()
+    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists() and not (tmp_path / "oracle-smrc-sd-lam0.3-seed0").exists()
 
 
 def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
