@@ -48,7 +48,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v7"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v6"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
 
 
@@ -65,7 +65,7 @@ class Recipe:
     batch_tokens: int = 8192   # padded tokens per optimizer step
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.3),
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8),
            TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
@@ -139,8 +139,7 @@ def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[st
     refs = reference_runs(env, task, plan)
     students += refs
     trajectories = [rollout.to_trajectory(ep, f"reference-{k}") for k, (ep, _) in enumerate(refs)]
-    plain = {(t.user_text, label): None for ep, labels in students for t, label in zip(ep.turns, labels)}
-    examples = [Example(text, label) for text, label in plain]  # each distinct state once (38% were repeats)
+    examples = [Example(t.user_text, label) for ep, labels in students for t, label in zip(ep.turns, labels)]
     seen, rotation = set(), rng.randrange(len(CONTEXTS))
     for k, (ep, labels) in enumerate(students):
         for t, label in zip(ep.turns, labels):
@@ -171,14 +170,11 @@ def demonstrations(recipe: Recipe, workers: int = 2) -> list[Example]:
     """Every game's examples, in game order (deterministic whatever the number of workers)."""
     cfg = AlfworldConfig(**{**GAMES.__dict__, "num_train_games": recipe.games})
     tasks = envs.load_tasks(cfg, "train")
-    def jobs():  # planned here, in the parent (pool workers are daemonic), while the pool works on earlier games
-        for i, task in enumerate(tasks):
-            p = envs.plan(GAMES, task, [], PLANNER_TIMEOUT_S)
-            yield task, recipe, i, p.actions if p.status == "ok" else None
-
+    plans = [envs.plan(GAMES, t, [], PLANNER_TIMEOUT_S) for t in tqdm(tasks, desc="tiny-agent: planner references")]
+    jobs = [(task, recipe, i, p.actions if p.status == "ok" else None) for i, (task, p) in enumerate(zip(tasks, plans))]
     with mp.get_context("fork").Pool(workers) as pool:
-        per_game = list(tqdm(pool.imap(_worker_examples, jobs(), chunksize=4), total=len(tasks),
-                             desc="tiny-agent: planner references and expert demonstrations"))
+        per_game = list(tqdm(pool.imap(_worker_examples, jobs, chunksize=4), total=len(jobs),
+                             desc="tiny-agent: expert demonstrations"))
     return [x for game in per_game for x in game]
 
 

@@ -81,7 +81,6 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
     task = tasks[2]
     examples = warmstart.game_examples(env, task, recipe, seed=0, plan=envs.plan(CFG, task, [], 60).actions)
     plain = {e.user_text: e.action for e in examples if not e.format}
-    assert len(plain) == sum(not e.format for e in examples)  # each state's plain example once, however often visited
     context = [e for e in examples if e.format]
     assert context and {e.format for e in context} == set(warmstart.CONTEXTS)
     for e in context:
