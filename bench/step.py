@@ -260,7 +260,7 @@ def run_steps(args: StepArgs, out: Path) -> list[dict]:
     pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size)
     records, s, rec = [], None, Recorder()
     try:
-        s = smrc.setup(cfg, world, tasks)
+        s = smrc.setup(cfg, world, tasks, ckpt=None)  # a fresh run in a temporary folder
         for step in range(args.steps):
             rec.clear()
             before = (pool.stats["worker_s"], pool.stats["resets"] + pool.stats["steps"])
