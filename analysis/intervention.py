@@ -276,7 +276,9 @@ def run_intervention(model, tokenizer, args: InterveneArgs) -> dict:
     t0 = time.perf_counter()
     cfg = run_config(args)
     states, rejected, refs, counts = build_states(model, tokenizer, args, cfg)
-    assert len(refs) >= 2, "the placebo needs references of at least two tasks (--num-tasks >= 2)"
+    if len(refs) < 2:
+        raise SystemExit(f"error: the placebo needs references of at least two tasks, and {len(refs)} of "
+                         f"--num-tasks {args.num_tasks} have one; use --num-tasks >= 2")
     t_states = time.perf_counter() - t0
     print(f"[intervene] references {counts}; {sum(s.kind == 'matched' for s in states)} matched and "
           f"{sum(s.kind == 'mismatched' for s in states)} mismatched states in {t_states:.0f}s; rejected mismatch "

@@ -68,6 +68,8 @@ class LearnArgs:
     teacher's measured gain of ~1 nat over a student that gives it ~0.2)"""
     steps: int = 30
     """RL steps per run"""
+    save_every: int = 5
+    """checkpoint every N steps, so an interrupted sweep loses at most N steps of each run in flight"""
     model: str = "tiny-agent"
     """the warm start every run starts from (tiny-agent-quick for smoke runs)"""
     tasks_per_step: int = 4
@@ -166,7 +168,7 @@ def _train(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
         val = ["--eval-every", str(args.eval_every), "--eval-tasks", str(args.val_games)] if args.eval_every else []
         _run(args, ["smrc.py", "--preset", "learn", "--algo", row.removeprefix(ORACLE), *oracle, *val,
                     "--seed", str(seed),
-                    "--steps", str(args.steps), "--save-every", str(args.steps), "--output-dir", str(run),
+                    "--steps", str(args.steps), "--save-every", str(min(args.save_every, args.steps)), "--output-dir", str(run),
                     "--grpo.sd-coef", str(sd_coef), "--model", args.model,
                     "--rollout.tasks-per-step", str(args.tasks_per_step),
                     "--rollout.group-size", str(args.group_size),
