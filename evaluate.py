@@ -62,6 +62,7 @@ import rollout
 import router
 import smrc
 from analysis import audits, intervention, plots
+from analysis.intervention_states import env_config
 from analysis.audits import AuditArgs
 from analysis.intervention import InterveneArgs
 from analysis.plots import PlotArgs
@@ -360,6 +361,10 @@ def main(argv: list[str]) -> None:
         audits.run_audit(args, smrc.config_from_run(Path(args.run), "none"))
     elif isinstance(args, InterveneArgs):
         check_device(args.device)
+        try:  # missing data: one error line, before the model loads
+            envs.load_tasks(env_config(args, intervention.run_config(args)), args.split)
+        except envs.DataError as e:
+            raise SystemExit(f"error: {e}") from None
         if Path(args.model).is_dir():  # a checkpoint is verified like every other reader's (deviation 5)
             check_model_dir(Path(args.model), "--model")
         model, tokenizer = load_any(args.model, resolve_device(args.device))

@@ -214,3 +214,20 @@ def test_intervention_runs_end_to_end_on_webshop(tiny, tmp_path):
         if st["kind"] == "mismatched":
             assert st["correct"] not in st["reference_similar"]
     assert "embedded WebShop `train`" in (tmp_path / "ws.md").read_text()
+
+
+def test_missing_official_data_is_one_error_line_before_the_model_loads(tmp_path):
+    """`intervene --source official` without ALFWORLD_DATA: one `error:` line naming the variable, no traceback, and
+    nothing loaded (the embedded model would be built first otherwise)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"SMRC_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "evaluate.py", "intervene", "--model", "tiny", "--source", "official",
+                           "--split", "train", "--num-tasks", "2"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "ALFWORLD_DATA" in proc.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tiny-*"))  # no model built
