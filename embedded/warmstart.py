@@ -48,7 +48,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v6"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v8"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
 
 
@@ -60,9 +60,9 @@ class Recipe:
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
     context_formats: int = 1   # context examples per matched state: this many of CONTEXTS, rotating (build time)
-    differing_repeats: int = 3  # times a context example whose target differs from the plain label is trained on
+    differing_repeats: int = 3  # weight of a context example whose target differs from the plain label
     lr: float = 3e-3
-    batch_tokens: int = 8192   # padded tokens per optimizer step
+    batch_tokens: int = 8192   # padded tokens per optimizer step, counting each example `weight` times
 
 
 RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8),
@@ -158,9 +158,10 @@ def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[st
 
 
 def _worker_examples(job: tuple) -> list[Example]:
-    task, recipe, seed, plan = job
+    task, recipe, seed = job
     env = _WORKER_ENV.get("env") or _WORKER_ENV.setdefault("env", envs.make_env(GAMES))
-    return game_examples(env, task, recipe, seed, plan)
+    plan = envs.plan(GAMES, task, [], PLANNER_TIMEOUT_S)
+    return game_examples(env, task, recipe, seed, plan.actions if plan.status == "ok" else None)
 
 
 _WORKER_ENV: dict = {}  # one env per worker process
@@ -169,24 +170,37 @@ _WORKER_ENV: dict = {}  # one env per worker process
 def demonstrations(recipe: Recipe, workers: int = 2) -> list[Example]:
     """Every game's examples, in game order (deterministic whatever the number of workers)."""
     cfg = AlfworldConfig(**{**GAMES.__dict__, "num_train_games": recipe.games})
-    tasks = envs.load_tasks(cfg, "train")
-    plans = [envs.plan(GAMES, t, [], PLANNER_TIMEOUT_S) for t in tqdm(tasks, desc="tiny-agent: planner references")]
-    jobs = [(task, recipe, i, p.actions if p.status == "ok" else None) for i, (task, p) in enumerate(zip(tasks, plans))]
+    jobs = [(task, recipe, i) for i, task in enumerate(envs.load_tasks(cfg, "train"))]
     with mp.get_context("fork").Pool(workers) as pool:
         per_game = list(tqdm(pool.imap(_worker_examples, jobs, chunksize=4), total=len(jobs),
-                             desc="tiny-agent: expert demonstrations"))
+                             desc="tiny-agent: planner references and expert demonstrations"))
     return [x for game in per_game for x in game]
 
 
-def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
-    """Examples of similar length packed up to `budget` padded tokens, in a shuffled order of batches."""
+def weighted(examples: list[Example], differing_repeats: int) -> tuple[list[Example], list[int]]:
+    """Identical examples merged into one with a weight, their count (38% of plain examples repeat another state
+    exactly); a context example whose target differs from the plain label weighs `differing_repeats` times more.
+    An epoch's loss has the same terms as training on every copy; the copies' forward passes are saved."""
+    counts: dict = {}
+    for e in examples:
+        key = (e.user_text, e.action, e.format)
+        counts[key] = (counts[key][0], counts[key][1] + 1) if key in counts else (e, 1)
+    unique = [e for e, _ in counts.values()]
+    return unique, [n * (differing_repeats if e.format and e.action != e.plain_label else 1)
+                    for e, n in counts.values()]
+
+
+def _batches(lengths: list[int], weights: list[int], budget: int, rng: random.Random) -> list[list[int]]:
+    """Examples of similar length packed up to `budget` padded tokens (each counted `weight` times, as if its copies
+    were there), in a shuffled order of batches."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    out, cur = [], []
+    out, cur, copies = [], [], 0
     for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > budget:
+        if cur and (copies + weights[i]) * lengths[i] > budget:
             out.append(cur)
-            cur = []
+            cur, copies = [], 0
         cur.append(i)
+        copies += weights[i]
     out += [cur] if cur else []
     rng.shuffle(out)
     return out
@@ -212,23 +226,24 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     examples = demonstrations(recipe)
     stats = context_stats(examples)
     print(f"{path.name}: {json.dumps(stats)}", flush=True)
-    differing = [e for e in examples if e.format and e.action != e.plain_label]
-    examples += differing * (recipe.differing_repeats - 1)  # where only reading is right: trained on more often
+    examples, weights = weighted(examples, recipe.differing_repeats)  # where only reading is right: weighs more
     data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
             for e in examples]
     rng = random.Random(seed)
-    plan = [b for _ in range(math.ceil(recipe.epochs)) for b in _batches([len(p) + len(r) for p, r in data],
-                                                                          recipe.batch_tokens, rng)]
+    lengths = [len(p) + len(r) for p, r in data]
+    plan = [b for _ in range(math.ceil(recipe.epochs)) for b in _batches(lengths, weights, recipe.batch_tokens, rng)]
     plan = plan[:round(len(plan) * recipe.epochs / math.ceil(recipe.epochs))]
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup_cosine = lambda k: min(1.0, (k + 1) / 30) * 0.5 * (1 + math.cos(math.pi * k / len(plan)))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     model.train()
-    bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples, {recipe.epochs:g} epochs)")
+    bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples weighing {sum(weights)}, "
+                          f"{recipe.epochs:g} epochs)")
     for idx in bar:
         batch = collate([data[i][0] for i in idx], [data[i][1] for i in idx], tok.pad_token_id)
         logp, _ = token_logprobs(model, batch)                                   # (B, R)
-        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()  # token-mean cross-entropy
+        mask = batch.response_mask * torch.tensor([float(weights[i]) for i in idx])[:, None]  # (B, R) copies
+        loss = -(logp * mask).sum() / mask.sum()  # token-mean cross-entropy over every copy
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
