@@ -97,6 +97,21 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
     assert {k for k in stats if k.startswith("phase=")} <= {"phase=search", "phase=transform", "phase=deliver"}
 
 
+def test_identical_examples_train_once_with_their_count_as_weight():
+    """Copies of an example become one example weighing their count (a differing context example `repeats` times
+    more); batches pack the counted copies up to the budget, and every example lands in exactly one batch."""
+    E = warmstart.Example
+    plain, ctx_same = E("s1", "go to a"), E("s1 ctx", "go to a", "summary", "search", "go to a")
+    ctx_diff = E("s1 ctx2", "go to b", "fullpath", "search", "go to a")
+    examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff], differing_repeats=3)
+    assert examples == [plain, ctx_diff, ctx_same] and weights == [3, 2 * 3, 1]
+    lengths, weights = [10, 10, 20, 20, 30, 40], [1, 2, 3, 1, 1, 4]
+    batches = warmstart._batches(lengths, weights, budget=60, rng=random.Random(0))
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for b in batches:  # within budget, counting copies at the batch's longest length (or a single example)
+        assert len(b) == 1 or sum(weights[i] for i in b) * max(lengths[i] for i in b) <= 60
+
+
 def test_memoised_grammar_gives_the_same_observations(games, monkeypatch):
     env, tasks = games
     expert_env = envs.make_env(CFG)
