@@ -80,7 +80,7 @@ class LearnArgs:
     """λ of the main table's reverse-KL distillation runs (fullpath-sd, smrc-sd and their oracle rows); skill-sd, sdar
     and grpo-opsd run at their loss form's anchor λ. The rule, fixed before the sweep: the λ at which the SD term's
     gradient norm equals the GRPO term's, mean over the seed-0 10-step SMRC-SD pilot at λ = 0.3 on the warm start
-    (bench/results/smrc_sd_10steps_v6: 0.3 × 0.0819 / 0.1189 = 0.207), to one significant digit"""
+    (bench/results/smrc_sd_10steps_v8: 0.3 × 0.1000 / 0.1311 = 0.229), to one significant digit"""
     lambdas: tuple[float, ...] = ()
     """extra λ values for fullpath-sd and smrc-sd (first seed only): the λ sweep"""
     train_games: int = 320

@@ -21,7 +21,8 @@ Recipe (its choices and their measurements are in the README, "Learning you can 
   Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever it
   generalises to, as with a real LLM.
 - Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens, AdamW
-  with warm-up and a cosine decay, batches packed by token count.
+  with warm-up and a cosine decay, batches packed by token count. Identical examples are one example weighing their
+  count (`weighted`), so an epoch sums the same loss terms without the copies' forward passes.
 Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-quick` (fewer games, for the
 `--preset tiny` smoke run). Deterministic (seeded); saved in Hugging Face format under $SMRC_CACHE and loaded through
 `from_pretrained` like any model.
