@@ -3,22 +3,22 @@
 What it holds (a leaf: it imports nothing from the project; the implementations live in environments/):
 - `Task`, `StepResult`, `Signature`, `ParsedAction`, `PlanResult`, `DataError`, `EnvError`.
 - `EpisodeConfig`: the settings every environment's config shares. An environment's config subclasses it and
-  implements `load_tasks(split)`, `make_env()` and `plan(task, actions, timeout_s)`, so the config a run was started
-  with is what builds its envs, its task list and its expert plans.
+  implements `load_tasks(split)`, `make_env()` and `plan(task, actions, timeout_s)`, so the config a run was
+  started with is what builds its envs, its task list and its expert plans.
 - `load_tasks(cfg, split)`, `make_env(cfg)`, `plan(cfg, task, actions)`: the one dispatcher, on the config.
   An env has reset(task) -> StepResult, step(action) -> StepResult, close().
-- `replay(env, task, actions)`: the one loop that steps a list of actions through an env (rollout.replay builds the
-  trainer's episodes on it; the planners restore states with it).
+- `replay(env, task, actions)`: the one loop that steps a list of actions through an env (rollout.replay
+  builds the trainer's episodes on it; the planners restore states with it).
 - `history_key(prev, action, observation)`: running sha1 chain over the (action, observation) history.
 - `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld and WebShop prompts and action projection.
 
-Naming: the *memory* of an episode is the list of its earlier (observation, action) pairs shown in the prompt; its
-*history key* is the sha1 chain above, which the `history` matcher compares.
+Naming: the *memory* of an episode is the list of its earlier (observation, action) pairs shown in the prompt;
+its *history key* is the sha1 chain above, which the `history` matcher compares.
 
 Deviations from verl-agent (numbered):
-1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks, an action
-   over MAX_ACTION_CHARS) is sent to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased
-   response; verl-agent keeps the extracted action when only <think> is missing.
+1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks, an
+   action over MAX_ACTION_CHARS) is sent to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the
+   lowercased response; verl-agent keeps the extracted action when only <think> is missing.
 2. 'help' is dropped from the ALFWorld admissible list shown in the prompt.
 """
 import hashlib
@@ -63,10 +63,11 @@ class StepResult:
 class ParsedAction:
     action: str  # text sent to the env
     valid: bool  # well-formed per the verl-agent projection (admissibility is not checked, as in verl-agent)
-    reason: str  # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions" | "too_long"
+    # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions" | "too_long"
+    reason: str
 
 
-MAX_ACTION_CHARS = 1000  # longer than any ALFWorld command or WebShop click; a longer action is invalid ("too_long")
+MAX_ACTION_CHARS = 1000  # longer than any ALFWorld command or WebShop click; longer is invalid ("too_long")
 
 
 @dataclass
@@ -79,7 +80,8 @@ class PlanResult:
 
 @dataclass
 class EpisodeConfig:
-    """Episode and infrastructure settings every environment's config shares (the trainer reads them by name)."""
+    """Episode and infrastructure settings every environment's config shares (the trainer reads them by
+    name)."""
     # Episode
     max_steps: int = 50
     """episode step limit (verl-agent env.max_steps); reaching it ends the episode with info['truncated']"""
@@ -88,17 +90,18 @@ class EpisodeConfig:
     require_think: bool = True
     """an output without <think>...</think> is invalid (set False for tiny models that cannot think)"""
     invalid_action_penalty: float = 0.1
-    """subtracted by the trainer from the score of every invalid turn (verl-agent invalid_action_penalty_coef)"""
+    """subtracted by the trainer from the score of every invalid turn (verl-agent
+    invalid_action_penalty_coef)"""
     # Infrastructure
     num_workers: int = -1
-    """env worker processes in EnvPool (0 = step envs in-process; -1 = auto: the cores this process may use, shared
-    among the torchrun ranks of the node, less one for the trainer; at least 2, at most 32 and one per episode)"""
+    """env worker processes in EnvPool (0 = step envs in-process; -1 = auto: the cores this process may use,
+    shared among the torchrun ranks of the node, less one for the trainer; at least 2, at most 32 and one per
+    episode)"""
     step_timeout_s: float = 300.0
     """EnvPool: a reset/step batch taking longer than this is an error (never a hang)"""
     planner_timeout_s: float = 60.0
-    """planner expert: hard time limit per plan (the planner process is killed); 60 s solved 55 of 60 sampled real
-    ALFWorld games where 30 s solved 50 (the rest: pick_two_obj_and_place). The trainer plans a step's tasks in the
-    background during the rollout, and the next step's meanwhile"""
+    """planner expert: hard time limit per plan (the planner process is killed). The trainer plans a step's
+    tasks in the background during the rollout, and the next step's meanwhile"""
 
     def load_tasks(self, split: str) -> list[Task]:
         raise NotImplementedError(f"{type(self).__name__} does not implement load_tasks")
@@ -110,7 +113,8 @@ class EpisodeConfig:
         raise NotImplementedError(f"{type(self).__name__} does not implement plan")
 
     def prefetch_plan(self, task: Task, actions: list[str]) -> None:
-        """Optional: start `plan(task, actions, planner_timeout_s)` in the background (here: nothing to start)."""
+        """Optional: start `plan(task, actions, planner_timeout_s)` in the background (here: nothing to
+        start)."""
 
 
 def load_tasks(cfg: EpisodeConfig, split: str) -> list[Task]:
@@ -119,9 +123,9 @@ def load_tasks(cfg: EpisodeConfig, split: str) -> list[Task]:
 
 
 def stratified_subset(tasks: list[Task], n: int, seed: int) -> list[Task]:
-    """n of `tasks` spread over the task types: round-robin over the types (sorted by name; the first types get one
-    more when n is not a multiple), each type's tasks taken in a shuffle seeded by `seed`; returned in the given
-    (pinned) order. All of them when n <= 0 or n >= len(tasks)."""
+    """n of `tasks` spread over the task types: round-robin over the types (sorted by name; the first types
+    get one more when n is not a multiple), each type's tasks taken in a shuffle seeded by `seed`; returned in
+    the given (pinned) order. All of them when n <= 0 or n >= len(tasks)."""
     if n <= 0 or n >= len(tasks):
         return list(tasks)
     rng = random.Random(seed)
@@ -138,7 +142,8 @@ def stratified_subset(tasks: list[Task], n: int, seed: int) -> list[Task]:
 
 
 def make_env(cfg: EpisodeConfig):
-    """An env of the environment `cfg` configures: reset(task) -> StepResult, step(action) -> StepResult, close()."""
+    """An env of the environment `cfg` configures: reset(task) -> StepResult, step(action) -> StepResult,
+    close()."""
     return cfg.make_env()
 
 
@@ -149,13 +154,14 @@ def plan(cfg: EpisodeConfig, task: Task, actions: list[str], timeout_s: float | 
 
 
 def prefetch_plan(cfg: EpisodeConfig, task: Task, actions: list[str]) -> None:
-    """Start planning in the background where the environment can, so a later `plan` of it waits less or not at all."""
+    """Start planning in the background where the environment can, so a later `plan` of it waits less or not
+    at all."""
     cfg.prefetch_plan(task, actions)
 
 
 def replay(env, task: Task | None, actions: list[str], start: StepResult | None = None) -> list[StepResult]:
-    """Step `actions` through `env` from reset(task), or on from `start` (the env's current state), stopping when the
-    episode ends: the result before the first action, then one result per action taken."""
+    """Step `actions` through `env` from reset(task), or on from `start` (the env's current state), stopping
+    when the episode ends: the result before the first action, then one result per action taken."""
     results = [start if start is not None else env.reset(task)]
     for action in actions:
         if results[-1].done:
@@ -168,15 +174,17 @@ def replay(env, task: Task | None, actions: list[str], start: StepResult | None 
 
 
 def history_key(prev: str, action: str, observation: str) -> str:
-    """Running sha1 chain over (action, observation); the initial state's key is history_key('', '', intro)."""
+    """Running sha1 chain over (action, observation); the initial state's key is history_key('', '',
+    intro)."""
     return hashlib.sha1("\x1f".join((prev, action, observation)).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- prompts
 
 # The verl-agent templates (agent_system/environments/prompts/{alfworld,webshop}.py), reproduced in wording;
-# ALFWorld's "observaitons" (sic) and WebShop's U+2011 hyphen in "e‑commerce" and trailing spaces are kept so prompts
-# match the baseline's exactly. The instruction is split off so that require_think=False asks for the action only.
+# ALFWorld's "observaitons" (sic) and WebShop's U+2011 hyphen in "e‑commerce" and trailing spaces are kept so
+# prompts match the baseline's exactly. The instruction is split off so that require_think=False asks for the
+# action only.
 _ALFWORLD_NO_HIS = """
 You are an expert agent operating in the ALFRED Embodied Environment.
 Your current observation is: {observation}
@@ -186,8 +194,8 @@ Now it's your turn to take an action.
 {instruction}"""
 _ALFWORLD_HIS = """
 You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {goal}.
-Prior to this step, you have already taken {step} step(s). Below are the most recent {n} observaitons and the \
-corresponding actions you took: {history}
+Prior to this step, you have already taken {step} step(s). Below are the most recent {n} observaitons and \
+the corresponding actions you took: {history}
 You are now at step {current} and your current observation is: {observation}
 Your admissible actions of the current situation are: [{admissible}].
 
@@ -215,24 +223,27 @@ Your admissible actions of the current situation are: \n[
 
 Now it's your turn to take one action for the current step.
 {instruction}"""
-THINK_INSTRUCTION = ("You should first reason step-by-step about the current situation. This reasoning process MUST "
-                     "be enclosed within <think> </think> tags. \nOnce you've finished your reasoning, you should "
-                     "choose an admissible action for current step and present it within <action> </action> tags.\n")
+THINK_INSTRUCTION = ("You should first reason step-by-step about the current situation. This reasoning "
+                     "process MUST be enclosed within <think> </think> tags. \nOnce you've finished your "
+                     "reasoning, you should choose an admissible action for current step and present it "
+                     "within <action> </action> tags.\n")
 WEBSHOP_THINK_INSTRUCTION = (
-    "You should first reason step-by-step about the current situation, then think carefully which admissible action "
-    "best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce "
-    "you've finished your reasoning, you should choose an admissible action for current step and present it within "
-    "<action> </action> tags.\n")
+    "You should first reason step-by-step about the current situation, then think carefully which admissible "
+    "action best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> "
+    "tags. \nOnce you've finished your reasoning, you should choose an admissible action for current step "
+    "and present it within <action> </action> tags.\n")
 ACTION_INSTRUCTION = ("You should choose an admissible action for current step and present it within "
                       "<action> </action> tags.\n")
 WEBSHOP_MAX_PROMPT_CHARS = 13000  # verl-agent falls back to the no-history WebShop template above this
 
 
 def format_history(memory: list[tuple[str, str]], step: int, history_length: int) -> tuple[str, int]:
-    """The last `history_length` (observation, action) pairs as verl-agent's one-line-per-step text, and their count."""
+    """The last `history_length` (observation, action) pairs as verl-agent's one-line-per-step text, and their
+    count."""
     recent = memory[-history_length:] if history_length > 0 else []
     first = step - len(recent) + 1
-    lines = [f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']" for j, (obs, act) in enumerate(recent)]
+    lines = [f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']"
+             for j, (obs, act) in enumerate(recent)]
     return "\n".join(lines), len(recent)
 
 
@@ -243,32 +254,34 @@ def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: 
     webshop = env_name == "webshop"
     assert webshop or env_name == "alfworld", f"unknown env {env_name!r}"
     think = WEBSHOP_THINK_INSTRUCTION if webshop else THINK_INSTRUCTION
-    fields = dict(goal=goal, observation=observation, instruction=think if require_think else ACTION_INSTRUCTION,
+    fields = dict(goal=goal, observation=observation,
+                  instruction=think if require_think else ACTION_INSTRUCTION,
                   admissible="\n".join(f"'{a}'," for a in admissible) if webshop else
                   "\n ".join(f"'{a}'" for a in admissible if a != "help"))
     no_his = (_WEBSHOP_NO_HIS if webshop else _ALFWORLD_NO_HIS).format(**fields)
     if step == 0 or history_length <= 0 or not memory:
         return no_his
     text, n = format_history(memory, step, history_length)
-    prompt = (_WEBSHOP_HIS if webshop else _ALFWORLD_HIS).format(step=step, n=n, history=text, current=step + 1,
-                                                                  **fields)
+    template = _WEBSHOP_HIS if webshop else _ALFWORLD_HIS
+    prompt = template.format(step=step, n=n, history=text, current=step + 1, **fields)
     return no_his if webshop and len(prompt) > WEBSHOP_MAX_PROMPT_CHARS else prompt
 
 
-# ---------------------------------------------------------------------------------------------- action parsing
+# --------------------------------------------------------------------------------------------- action parsing
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
 
 def action_response(action: str) -> str:
-    """The response that takes `action` when no reasoning is asked for (require_think=False): what the restricted
-    action space decodes and the warm start imitates; `parse_action` reads `action` back from it."""
+    """The response that takes `action` when no reasoning is asked for (require_think=False): what the
+    restricted action space decodes and the warm start imitates; `parse_action` reads `action` back from
+    it."""
     return f"<action>{action}</action>"
 
 
 def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
-    """verl-agent projection: lowercase, the text inside the first <action>...</action>. Invalid outputs are sent
-    as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response (deviation 1)."""
+    """verl-agent projection: lowercase, the text inside the first <action>...</action>. Invalid outputs are
+    sent as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response (deviation 1)."""
     lower = text.lower()
     fallback = lower[-(20 if env_name == "webshop" else 30):]
     start = lower.find("<action>")
@@ -282,7 +295,7 @@ def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
     action = lower[start + len("<action>"):end].strip()
     if not action:
         return ParsedAction(fallback, False, "empty")
-    if len(action) > MAX_ACTION_CHARS:  # bounded before any env parses it (regexes there see short strings only)
+    if len(action) > MAX_ACTION_CHARS:  # bounded before any env parses it (its regexes see short strings)
         return ParsedAction(fallback, False, "too_long")
     if require_think and ("<think>" not in lower or "</think>" not in lower):
         return ParsedAction(fallback, False, "missing_think")

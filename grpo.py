@@ -2,63 +2,41 @@
 
     L = L_GRPO + λ · L_SD + β · KL_k3(π_θ ‖ π_ref) − c_H · H(π_θ)
 
-- L_GRPO: the PPO clipped surrogate with dual clip (verl-agent: ε = 0.2, c = 3), token-mean over every response token
-  of the mini-batch. Advantages are trajectory-level GRPO (`grpo_advantages`).
-- L_SD: on-policy self-distillation on the response tokens of *distilled* turns only (the router decides which).
-  Δ_t = log π_T(y_t) − log π_θ(y_t) on the student's own sampled token y_t; four forms (`--grpo.sd-loss`, set by
-  --algo), each tested against a hand-computed gradient (tests/test_grpo.py):
-    reverse-kl (FullPath-SD, SMRC-SD)   ℓ_t = sg(ρ·(log π_θ − log π_T)) · log π_θ      ∇ = −ρ · Δ · ∇log π_θ
-                                        ρ = 1 on the first mini-batch, detached after it (below)
-    skill-sd   (Skill-SD, λ = 0.001)    ℓ_t = ρ · k3,  k3 = e^{−u} − 1 + u,  u = log π_θ − sg(log π_T),
-                                        ρ = exp(min(log π_θ − log π_old, 10)), ρ NOT detached   ∇ = −ρ · Δ · ∇log π_θ
-    sdar       (SDAR, λ = 0.01, β = 5)  ℓ_t = g · (sg(log π_T) − log π_θ),  g = σ(β · sg(Δ))    ∇ = −g · ∇log π_θ
-    grpo-opsd  (GRPO+OPSD, λ = 0.01)    the sdar form with the gate fixed at g = 0.5
-  reverse-kl is the sampled-token reverse KL in its policy-gradient form: tokens the teacher prefers (Δ > 0) are
-  pushed up, the others down, and the term vanishes when teacher = student (verl's "teacher = student ⇒ loss ≈ 0"
-  check); it is the O(1)-per-token estimator of KL(π_θ ‖ π_T) used by tinker OPD, TRL SDPO (`sampled_token`) and
-  verl OPD (k1 PG). skill-sd is its importance-weighted version (the same gradient at ρ = 1, which a single on-policy
-  mini-batch gives). The sdar forms always push the sampled token up (a gated likelihood, not a KL), which is why the
-  anchors run them at a tiny λ. λ (`--grpo.sd-coef`) defaults to the form's anchor value (SD_COEF below; a
-  preset's λ replaces it for reverse-kl only: config.py).
-- Normalisation (`--grpo.sd-norm`): `all` (default) divides Σ ℓ_t by N_tokens, every response token of the
-  mini-batch, as L_GRPO is: verl's token-mean over the batch the loss is added to, which is how the anchors add
-  their distillation terms (SDAR and Skill-SD aggregate with the actor's loss_agg_mode over all response tokens), so
-  a distilled token weighs λ times a GRPO token whatever the match rate, and λ = 0 reproduces GRPO exactly (tested).
-  The price: at 20% coverage SMRC-SD's distillation gradient is ~5x smaller than FullPath-SD's at the same λ.
-  `distilled` divides by the distilled tokens of the mini-batch instead (a per-distilled-token mean).
-- Off-policy mini-batches: the turns were sampled by the step's first weights, so on later mini-batches (and epochs)
-  the reverse-kl term is weighted by a detached ρ = exp(min(log π_θ − log π_old, log cap)) (`--grpo.sd-is-cap`, 2):
-  ∇ = ρ·(−Δ)·∇log π_θ, exact on samples of π_old up to the truncation. On the first mini-batch ρ = 1 exactly (the
-  sampling weights), so a one-mini-batch update is unchanged. skill-sd has its own ρ; the sdar forms take none.
-  The teacher is frozen for the step (a stated approximation, no re-score): its log-probs are computed once, before
-  the update, by the weights that sampled, so later mini-batches use Δ = log π_T(step-start weights) − log π_θ.
-- Diagnostics: ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ (the PPO term and the SD term as they enter L, before clipping), measured
-  apart by autograd.grad over one mini-batch of the step (`_measured_mini_batch`: the first with distilled turns and
-  a non-zero advantage, since the first ones often hold only all-fail groups; 2 extra backward passes of each of its
-  micro-batches; `--grpo.term-grad-norms`, skipped under FSDP), logged as actor/grad_norm_grpo, actor/grad_norm_sd
-  and their ratio actor/sd_grpo_grad_ratio.
+- L_GRPO: the PPO clipped surrogate with dual clip, token-mean over every response token of the mini-batch, on
+  trajectory-level GRPO advantages (`grpo_advantages`).
+- L_SD: on-policy self-distillation on the response tokens of the turns the router matched. With
+  Δ_t = log π_T(y_t) − log π_θ(y_t) on the student's own sampled token y_t, four forms (`sd_losses`, each
+  tested against a hand-computed gradient):
+    reverse-kl (FullPath-SD, SMRC-SD)  ℓ_t = sg(ρ·(log π_θ − log π_T)) · log π_θ       ∇ = −ρ · Δ · ∇log π_θ
+    skill-sd   (Skill-SD)              ℓ_t = ρ · k3,  k3 = e^{−u} − 1 + u,  u = log π_θ − sg(log π_T),
+                                       ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), not detached
+    sdar       (SDAR)                  ℓ_t = g · (sg(log π_T) − log π_θ),  g = σ(β · sg(Δ))  ∇ = −g · ∇log π_θ
+    grpo-opsd  (GRPO+OPSD)             the sdar form with g = 0.5
+  λ and the form arrive resolved (config.resolve). By default Σ ℓ_t is divided by every response token of the
+  mini-batch, as L_GRPO is (`--grpo.sd-norm distilled`: by the distilled ones).
+- Mini-batches after the first are off-policy: the reverse-kl term is weighted by a detached
+  ρ = exp(min(log π_θ − log π_old, log sd_is_cap)) there (ρ = 1 on the first). The teacher is frozen for the
+  step: its log-probs come from the weights that sampled.
 
-Real-scale shape: a step holds thousands of turn-samples, so `update` runs over mini-batches of `mini_batch_size`
-turn-samples (one optimizer step each) and, inside each, over length-sorted micro-batches capped at
-`micro_batch_tokens` padded tokens with gradient accumulation: peak memory is set by the micro-batch. With a single
-mini-batch and one epoch the policy that sampled is the policy being updated, so the ratio is exactly 1 and the
-"old" log-probs are the current ones detached (no extra forward pass).
-
-Deviations from verl-agent:
-1. The entropy bonus defaults to 0.001 as in verl-agent's yaml; the k3 KL to the initial model defaults to 0.01 for
-   GRPO, and the config lets distillation runs turn it off as verl's OPD docs advise.
+`update` runs the rollout batch as mini-batches of `mini_batch_size` turn-samples (one guarded optimizer step
+each) over length-sorted micro-batches of at most `micro_batch_tokens` padded tokens (gradient accumulation).
+Under torchrun the ranks agree on every count through `world` (step and micro-batch counts, token normalisers,
+the non-finite decision); in one process those agreements are the identity.
 """
 
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
 from models import collate, micro_batches, token_logprobs
 
 SD_COEF = {"reverse-kl": 1.0, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.01}  # λ of each form (anchors)
+IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
+KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
+GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for CUDA models this large
 
 
 @dataclass
@@ -80,16 +58,17 @@ class GRPOConfig:
     sd_loss: Literal["reverse-kl", "skill-sd", "sdar", "grpo-opsd"] | None = None
     """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
     sd_coef: float | None = None
-    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.3: config.PRESET_SD_COEF), else
-    the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and grpo-opsd
-    0.01"""
+    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.3: config.PRESET_SD_COEF),
+    else the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and
+    grpo-opsd 0.01"""
     sd_gate_beta: float = 5.0
     """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
     sd_norm: Literal["all", "distilled"] = "all"
-    """L_SD divided by every response token of the mini-batch (all, verl token-mean) or by its distilled ones"""
+    """L_SD divided by every response token of the mini-batch (all, verl token-mean) or by its distilled
+    ones"""
     sd_is_cap: float = 2.0
-    """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's truncated-IS
-    cap: 2; inf = untruncated)"""
+    """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's
+    truncated-IS cap: 2; inf = untruncated)"""
     term_grad_norms: bool = True
     """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only)"""
     norm_adv_by_std: bool = True
@@ -103,42 +82,43 @@ class GRPOConfig:
     ppo_epochs: int = 1
     """passes over the rollout batch"""
     grad_checkpointing: Literal["auto", "on", "off"] = "auto"
-    """recompute each layer's activations in backward (less memory, ~30% slower update). auto = on on CUDA for
-    models of >= 100M parameters, off otherwise: at 1.7B a 16k-token micro-batch keeps tens of GiB of layer
-    activations without it (~2 GiB with it), while the update is ~15% of a step, so the recompute costs ~5% of the
-    step; the embedded CPU models are small, and memory is not their limit"""
+    """recompute each layer's activations in backward (less memory, a slower update). auto = on on CUDA for
+    models of >= GRAD_CHECKPOINTING_MIN_PARAMS parameters, off otherwise"""
     bf16: bool = True
     """bf16 autocast on CUDA (ignored on CPU, where float32 is used)"""
     max_nonfinite_steps: int = 3
-    """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error; each one
-    is skipped (no weight changes) and counted in actor/nonfinite_skips"""
+    """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error;
+    each one is skipped (no weight changes) and counted in actor/nonfinite_skips"""
 
 
-@dataclass
-class Sample:
-    """One turn-sample for the update: the turn's prompt, the sampled response and its learning signals."""
+class Sample(Protocol):
+    """What the update reads of a turn-sample (records.Turn): the turn's prompt, the sampled response and its
+    learning signals."""
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
-    sample_logprobs: list[float]                 # log-probs under the sampling policy (one per response token)
-    teacher_logprobs: list[float] | None = None  # set on distilled turns only
-    allowed: list[list[int]] | None = None       # restricted decoding: allowed ids per response position
+    sample_logprobs: list[float]                 # under the sampling policy (one per response token)
+    teacher_logprobs: list[float] | None         # set on distilled turns only
+    allowed: list[list[int]] | None              # restricted decoding: allowed ids per response position
 
 
 def grad_checkpointing_on(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device) -> bool:
-    """Whether the update recomputes activations (`cfg.grad_checkpointing`; a bool from an older config.json counts
-    as on / off)."""
+    """Whether the update recomputes activations (`cfg.grad_checkpointing`; a bool from an older config.json
+    counts as on / off)."""
     if cfg.grad_checkpointing in ("on", "off", True, False):
         return cfg.grad_checkpointing in ("on", True)
-    return device.type == "cuda" and sum(p.numel() for p in model.parameters()) >= 100_000_000
+    n_params = sum(p.numel() for p in model.parameters())
+    return device.type == "cuda" and n_params >= GRAD_CHECKPOINTING_MIN_PARAMS
 
 
-def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = True, eps: float = 1e-6) -> list[float]:
+def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = True,
+                    eps: float = 1e-6) -> list[float]:
     """A_i = (s_i − μ_g) / (σ_g + ε) over every turn-sample of group g.
 
     Convention (verl-agent's `compute_mean_std_cross_steps=True`): the statistics pool all turn-samples of all
-    trajectories of a task group, so a long trajectory weighs as many times as it has turns. We keep it because it is
-    what the paper's GRPO baseline runs. σ is the unbiased std; a group of one sample gets μ=0, σ=1.
+    trajectories of a task group, so a long trajectory weighs as many times as it has turns. We keep it
+    because it is what the paper's GRPO baseline runs. σ is the unbiased std; a group of one sample gets μ=0,
+    σ=1.
     """
     s = torch.tensor(scores, dtype=torch.float64)
     adv = torch.empty_like(s)
@@ -154,92 +134,93 @@ def _pad(rows: list[list[float]], R: int) -> torch.Tensor:
 
 
 def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.0, rho=None):
-    """Per-token L_SD (B, R) of one form (module docstring) and its gate g (1 where the form has none); 0 off the
-    distilled tokens. Off them the teacher's log-prob is set to the student's, so no term sees padding values.
-    `rho` (B, R): the reverse-kl form's detached importance ratio (None = 1)."""
-    T = torch.where(sd_mask > 0, teacher_logp, logp.detach())                      # (B, R) log π_T, Δ = 0 elsewhere
-    delta = (T - logp).detach()                                                   # (B, R) sg(Δ)
+    """Per-token L_SD (B, R) of one form (module docstring) and its gate g (1 where the form has none); 0 off
+    the distilled tokens. Off them the teacher's log-prob is set to the student's, so no term sees padding
+    values. `rho` (B, R): the reverse-kl form's detached importance ratio (None = 1)."""
+    log_pt = torch.where(sd_mask > 0, teacher_logp, logp.detach())            # (B, R) log π_T, else Δ = 0
+    delta = (log_pt - logp).detach()                                          # (B, R) sg(Δ)
     gate = torch.ones_like(logp)
-    rho = torch.ones_like(logp) if rho is None else rho                          # (B, R) sg(ρ)
+    rho = torch.ones_like(logp) if rho is None else rho                       # (B, R) sg(ρ)
     if form == "reverse-kl":
-        sd = rho * -delta * logp                                                  # sg(ρ·(log π_θ − log π_T))·log π_θ
+        sd = rho * -delta * logp                                              # sg(−ρ·Δ)·log π_θ
     elif form == "skill-sd":
-        u = logp - T                                                              # log π_θ − sg(log π_T)
-        k3 = torch.exp(-u) - 1 + u                                                # k3 estimate of KL(π_θ ‖ π_T)
-        rho_k3 = torch.exp(torch.clamp(logp - old_logp, max=10.0))                # importance weight, not detached
+        u = logp - log_pt                                                     # log π_θ − sg(log π_T)
+        k3 = torch.exp(-u) - 1 + u                                            # k3 estimate of KL(π_θ ‖ π_T)
+        rho_k3 = torch.exp(torch.clamp(logp - old_logp, max=IS_LOG_CAP))      # ρ, not detached
         sd = rho_k3 * k3
     elif form in ("sdar", "grpo-opsd"):
         gate = torch.sigmoid(beta * delta) if form == "sdar" else torch.full_like(logp, 0.5)  # g = σ(β·sg(Δ))
-        sd = gate * (T - logp)                                                    # g·(sg(log π_T) − log π_θ)
+        sd = gate * (log_pt - logp)                                           # g·(sg(log π_T) − log π_θ)
     else:
         raise ValueError(f"unknown sd_loss {form!r}")
     return sd * sd_mask, gate * sd_mask
 
 
-def sd_coef(cfg: GRPOConfig) -> float:
-    """λ: --grpo.sd-coef, else the form's anchor value (the trainer passes the resolved λ: config.Config.sd_coef)."""
-    return SD_COEF[cfg.sd_loss or "reverse-kl"] if cfg.sd_coef is None else cfg.sd_coef
-
-
 def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig,
                sd_scale: float = 1.0, sd_rho=None):
-    """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides by
-    N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of that
-    Σ ℓ_t / N_distilled; `sd_rho` (B, R) is the reverse-kl term's detached importance ratio (None = 1)."""
+    """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides
+    by N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of
+    that Σ ℓ_t / N_distilled; `sd_rho` (B, R) is the reverse-kl term's detached importance ratio (None =
+    1)."""
     A = advantages.unsqueeze(-1)                                                  # (B, 1)
     ratio = torch.exp(logp - old_logp)                                            # (B, R)
     pg_losses1 = -A * ratio
     pg_losses2 = -A * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)                             # (B, R) PPO clip
     pg_losses = torch.where(A < 0, torch.minimum(pg_losses, -A * cfg.clip_ratio_c), pg_losses)  # dual clip
-    form = cfg.sd_loss or "reverse-kl"
-    rho = torch.ones_like(logp) if sd_rho is None else sd_rho                      # (B, R) sg(ρ) of reverse-kl
-    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, form, cfg.sd_gate_beta, rho)  # (B, R)
-    lam = sd_coef(cfg)
+    rho = torch.ones_like(logp) if sd_rho is None else sd_rho                    # (B, R) sg(ρ) of reverse-kl
+    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, cfg.sd_loss, cfg.sd_gate_beta, rho)  # (B, R)
     log_r = ref_logp - logp
-    kl = (torch.exp(log_r) - log_r - 1).clamp(-10, 10)                            # (B, R) k3 estimator
-    loss = pg_losses + lam * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * entropy
+    kl = (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)                # (B, R) k3 estimator
+    loss = pg_losses + cfg.sd_coef * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * entropy
     clipped = (pg_losses2 > pg_losses1).float()
     return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=entropy, clipfrac=clipped, ratio=ratio,
                       gap=(teacher_logp - logp).detach() * sd_mask, gate=gate, sd_rho=rho * sd_mask)
 
 
+class _OneProcess:
+    """What the ranks agree on, in one process: nothing (scale.distributed.World reduces under torchrun)."""
+    world_size = 1
+
+    @staticmethod
+    def all_sum(x: float) -> float:
+        return x
+
+    @staticmethod
+    def all_max(x: int) -> int:
+        return x
+
+
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
            ref_model=None, world=None, nonfinite_streak: int = 0) -> dict:
-    """One rollout batch of optimizer steps. `world` (optional, a multi-process `scale.distributed.World`) reduces
-    token counts and aligns step counts across ranks. A mini-batch whose loss or gradient norm is not finite (on any
-    rank) takes no step; `nonfinite_streak` carries the count of such steps in a row across calls (returned as
-    actor/nonfinite_streak), and at cfg.max_nonfinite_steps the run stops with an error."""
+    """One rollout batch of guarded optimizer steps; returns the actor/ metrics. `world`: a multi-process
+    scale.distributed.World (None: one process). A mini-batch whose loss or gradient norm is not finite (on
+    any rank) takes no step; `nonfinite_streak` carries the count of such steps in a row across calls
+    (returned as actor/nonfinite_streak), and at cfg.max_nonfinite_steps the run stops with an error."""
+    world = world or _OneProcess()
+    minis = _mini_batches(samples, cfg.mini_batch_size, world)
     device = next(model.parameters()).device
-    n_ranks = world.world_size if world is not None else 1
-    # every rank must take the same number of optimizer steps: the mini-batch count is agreed on globally
-    n_mini = max(1, math.ceil(len(samples) * n_ranks / cfg.mini_batch_size))
-    n_mini = world.all_max(n_mini) if world is not None else n_mini
-    bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.bf16 and device.type == "cuda" else nullcontext()
-    ctx = _Pass(model, ref_model, cfg, pad_id, temperature, device, autocast, n_mini == 1 and cfg.ppo_epochs == 1,
-                world)
+    on_cuda = cfg.bf16 and device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
+    ctx = _Pass(model, ref_model, cfg, pad_id, temperature, device, autocast,
+                on_policy=len(minis) == 1 and cfg.ppo_epochs == 1, world=world)
+    # the same keys on every rank, for the reduction in actor_metrics
     sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate", "sd_rho",
-                          "rollout_logprob_gap", "tokens", "sd_tokens",  # the same keys on every rank, for the
-                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)  # reduction in _summary
+                          "rollout_logprob_gap", "tokens", "sd_tokens",
+                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)
     grad_norms, skips = [], 0
-    measured = _measured_mini_batch([samples[bounds[m]:bounds[m + 1]] for m in range(n_mini)])
+    measured = _measured_mini_batch(minis)
     model.train()
     for epoch in range(cfg.ppo_epochs):
-        for m in range(n_mini):
+        for m, mb in enumerate(minis):
             optimizer.zero_grad(set_to_none=True)
-            mb_loss = _mini_batch(ctx, samples[bounds[m]:bounds[m + 1]], sums, first=epoch == 0 and m == 0,
+            mb_loss = _mini_batch(ctx, mb, sums, first=epoch == 0 and m == 0,
                                   measure=epoch == 0 and m == measured)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            grad_norm = _clip_grad_norm(model, cfg.max_grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
             skips += nonfinite_streak > 0
             grad_norms += [grad_norm] if nonfinite_streak == 0 else []
-    out = _summary(sums, world)
-    out.update({"actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-                "actor/lr": optimizer.param_groups[0]["lr"], "actor/optimizer_steps": len(grad_norms),
-                "actor/nonfinite_skips": skips, "actor/nonfinite_streak": nonfinite_streak})
-    return out
+    return actor_metrics(sums, world, grad_norms, optimizer.param_groups[0]["lr"], skips, nonfinite_streak)
 
 
 @dataclass
@@ -253,34 +234,42 @@ class _Pass:
     device: torch.device
     autocast: object
     on_policy: bool  # one mini-batch, one epoch: the old log-probs are this forward's, detached
-    world: object
+    world: object    # scale.distributed.World or _OneProcess
+
+
+def _mini_batches(samples: list[Sample], size: int, world) -> list[list[Sample]]:
+    """Consecutive mini-batches of about `size` turn-samples over every rank's samples; every rank takes as
+    many (one optimizer step each), so the count is agreed on globally."""
+    n_mini = world.all_max(max(1, math.ceil(len(samples) * world.world_size / size)))
+    bounds = [round(i * len(samples) / n_mini) for i in range(n_mini + 1)]
+    return [samples[bounds[m]:bounds[m + 1]] for m in range(n_mini)]
 
 
 def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool, measure: bool = False) -> float:
-    """Forward/backward of one mini-batch over its micro-batches (gradients accumulated, stats added to `sums`);
-    returns its loss. `first`: the step's first mini-batch, on the weights that sampled; `measure`: also the
-    term gradient norms."""
-    n_ranks = ctx.world.world_size if ctx.world is not None else 1
-    n_tokens = float(sum(len(s.response_ids) for s in mb))
-    n_sd = float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None))
-    if ctx.world is not None:  # token-mean over the global mini-batch; DDP averages grads, so scale by world size
-        n_tokens, n_sd = ctx.world.all_sum(n_tokens), ctx.world.all_sum(n_sd)
+    """Forward/backward of one mini-batch over its micro-batches (gradients accumulated, stats added to
+    `sums`); returns its loss. `first`: the step's first mini-batch, on the weights that sampled; `measure`:
+    also the term gradient norms."""
+    # token-mean over the global mini-batch; DDP averages gradients, so each rank divides by its share
+    n_tokens = ctx.world.all_sum(float(sum(len(s.response_ids) for s in mb)))
+    n_sd = ctx.world.all_sum(float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None)))
     sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if ctx.cfg.sd_norm == "distilled" else 1.0
-    mb_loss = 0.0
     chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], ctx.cfg.micro_batch_tokens)
-    # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank with
-    # fewer micro-batches adds zero-loss passes
-    n_micro = ctx.world.all_max(len(chunks)) if ctx.world is not None else len(chunks)
-    chunks += [None] * (n_micro - len(chunks))
+    # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank
+    # with fewer micro-batches adds zero-loss passes
+    n_passes = ctx.world.all_max(len(chunks))
     measure = measure and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
     term_grads: dict = {}  # the first mini-batch's ∇L_GRPO and ∇(λ·L_SD), summed over its micro-batches
-    for c, idx in enumerate(chunks):
-        sync = nullcontext() if c == len(chunks) - 1 or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()
+    mb_loss = 0.0
+    for c in range(n_passes):
+        last = c == n_passes - 1
+        sync = nullcontext() if last or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()
         with sync:
-            micro = [mb[i] for i in idx] if idx is not None else [Sample([ctx.pad_id], [ctx.pad_id], 0.0, [0.0])]
-            stats = _micro_step(ctx, micro, max(n_tokens, 1.0) / n_ranks, sd_scale, dummy=idx is None, first=first,
-                                term_grads=term_grads if measure else None)
-        mb_loss += stats.pop("loss", 0.0)
+            if c >= len(chunks):
+                _padding_pass(ctx)
+                continue
+            stats = _micro_batch(ctx, [mb[i] for i in chunks[c]], max(n_tokens, 1.0) / ctx.world.world_size,
+                                 sd_scale, first, term_grads if measure else None)
+        mb_loss += stats.pop("loss")
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v
     for name, grads in term_grads.items():
@@ -291,90 +280,111 @@ def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool, measure: 
 
 def _measured_mini_batch(mini_batches: list[list[Sample]]) -> int:
     """Where the term gradient norms are measured: the first mini-batch with distilled turns and a non-zero
-    advantage (the first ones often hold only all-fail groups, with neither), else the first with distilled turns,
-    else the first."""
+    advantage (the first ones often hold only all-fail groups, with neither), else the first with distilled
+    turns, else the first."""
     has_sd = [any(s.teacher_logprobs is not None for s in mb) for mb in mini_batches]
     both = [h and any(s.advantage != 0 for s in mb) for h, mb in zip(has_sd, mini_batches)]
     return next((m for m, b in enumerate(both) if b), next((m for m, h in enumerate(has_sd) if h), 0))
 
 
-def _summary(sums: dict, world) -> dict:
-    """The logged actor/ numbers from the summed stats: token means over every rank's tokens (the same meaning as in
-    one process); per distilled token for the SD ones; the term gradient norms averaged over the ranks that
-    measured them."""
-    if world is not None:
-        sums = {k: world.all_sum(v) for k, v in sorted(sums.items())}
+def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: int, streak: int) -> dict:
+    """The logged actor/ numbers from the summed stats: token means over every rank's tokens (the same meaning
+    as in one process); per distilled token for the SD ones; the term gradient norms averaged over the ranks
+    that measured them; the optimizer steps taken and skipped."""
+    reduced = {k: world.all_sum(sums[k]) for k in sorted(sums)}  # the same order on every rank
+    sums = {k: reduced[k] for k in sums}
     n_tok, n_sd, n_gn = sums.pop("tokens"), sums.pop("sd_tokens"), sums.pop("grad_norm_measured")
     per_sd = ("sd_loss", "gap", "gate", "sd_rho", "grad_norm_grpo", "grad_norm_sd")
     out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in per_sd}
     out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
-    out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else float("nan")  # teacher − current policy
-    out["actor/sd_gate"] = sums["gate"] / max(n_sd, 1) if n_sd else float("nan")  # mean gate (1 for ungated forms)
-    out["actor/sd_is_ratio"] = sums["sd_rho"] / max(n_sd, 1) if n_sd else float("nan")  # mean ρ of reverse-kl
-    g_pg, g_sd = (sums["grad_norm_grpo"] / n_gn, sums["grad_norm_sd"] / n_gn) if n_gn else (math.nan, math.nan)
+    out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else math.nan  # teacher − current policy
+    out["actor/sd_gate"] = sums["gate"] / max(n_sd, 1) if n_sd else math.nan  # mean gate (1: ungated forms)
+    out["actor/sd_is_ratio"] = sums["sd_rho"] / max(n_sd, 1) if n_sd else math.nan  # mean ρ of reverse-kl
+    g_pg, g_sd = (math.nan, math.nan) if not n_gn else (sums["grad_norm_grpo"] / n_gn,
+                                                         sums["grad_norm_sd"] / n_gn)
     out.update({"actor/grad_norm_grpo": g_pg, "actor/grad_norm_sd": g_sd,
                 "actor/sd_grpo_grad_ratio": g_sd / g_pg if g_pg > 0 else (math.inf if g_sd > 0 else math.nan),
-                "actor/tokens": n_tok})
+                "actor/tokens": n_tok,
+                "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
+                "actor/lr": lr, "actor/optimizer_steps": len(grad_norms),
+                "actor/nonfinite_skips": skips, "actor/nonfinite_streak": streak})
     return out
 
 
+def _clip_grad_norm(model, max_norm: float) -> float:
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: DTensor
+
+
 def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GRPOConfig, world) -> int:
-    """optimizer.step() when the mini-batch's loss and gradient norm are finite on every rank (returns 0); else drop
-    the gradients, skip the step and return streak + 1, stopping the run when that reaches cfg.max_nonfinite_steps
-    (before anything is saved: the weights and optimizer state stay finite)."""
-    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-    if world is not None:  # every rank takes the same decision (the loss is per rank)
-        bad = bool(world.all_max(int(bad)))
+    """optimizer.step() when the mini-batch's loss and gradient norm are finite on every rank (returns 0);
+    else drop the gradients, skip the step and return streak + 1, stopping the run when that reaches
+    cfg.max_nonfinite_steps (before anything is saved: the weights and optimizer state stay finite)."""
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    bad = bool(world.all_max(int(not finite)))  # every rank takes the same decision (the loss is per rank)
     if not bad:
         optimizer.step()
         return 0
     optimizer.zero_grad(set_to_none=True)
     if streak + 1 >= cfg.max_nonfinite_steps:
-        raise SystemExit(f"error: {streak + 1} optimizer steps in a row had a non-finite loss or gradient norm (last: "
-                         f"loss {loss}, grad norm {grad_norm}); each was skipped, and the run stops here without "
-                         f"saving (limit: --grpo.max-nonfinite-steps {cfg.max_nonfinite_steps})")
+        raise SystemExit(f"error: {streak + 1} optimizer steps in a row had a non-finite loss or gradient "
+                         f"norm (last: loss {loss}, grad norm {grad_norm}); each was skipped, and the run "
+                         f"stops here without saving (limit: --grpo.max-nonfinite-steps "
+                         f"{cfg.max_nonfinite_steps})")
     return streak + 1
 
 
-def _micro_step(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float = 1.0, dummy: bool = False,
-                first: bool = True, term_grads: dict | None = None) -> dict:
+def _padding_pass(ctx: _Pass) -> None:
+    """A zero-loss forward/backward of one pad token: keeps a rank with fewer micro-batches in step with the
+    others (DDP syncs gradients on the last pass, FSDP gathers parameters on each)."""
+    batch = collate([[ctx.pad_id]], [[ctx.pad_id]], ctx.pad_id).to(ctx.device)
+    with ctx.autocast:
+        logp, _ = token_logprobs(ctx.model, batch, ctx.temperature)
+    (logp.sum() * 0.0).backward()
+
+
+def _micro_batch(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float, first: bool,
+                 term_grads: dict | None) -> dict:
+    """Forward/backward of one micro-batch, its loss divided by `norm` (this rank's share of the mini-batch's
+    tokens); returns its summable stats and its loss."""
     cfg, device = ctx.cfg, ctx.device
     batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], ctx.pad_id).to(device)
     R = batch.response_ids.shape[1]
     mask = batch.response_mask.float()                                                     # (B, R)
     allowed = [s.allowed for s in mb] if any(s.allowed is not None for s in mb) else None  # the sampling mask
     with ctx.autocast:
-        logp, entropy = token_logprobs(ctx.model, batch, ctx.temperature, with_entropy=True, allowed=allowed)  # (B, R)
+        logp, entropy = token_logprobs(ctx.model, batch, ctx.temperature, with_entropy=True,
+                                       allowed=allowed)                                         # (B, R)
         ref_logp = logp.detach()
         if cfg.kl_coef > 0 and ctx.ref_model is not None:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(ctx.ref_model, batch, ctx.temperature, allowed=allowed)
     old_logp = logp.detach() if ctx.on_policy else _pad([s.sample_logprobs for s in mb], R).to(device)
     teacher_logp = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
-    sd_mask = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device) * mask
+    distilled = [[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb]
+    sd_mask = torch.tensor(distilled, device=device) * mask                                # (B, R)
     advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
-    # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, truncated at the cap)
+    # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, truncated at a cap)
     sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp, max=math.log(cfg.sd_is_cap)))
-    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg, sd_scale,
-                                 sd_rho)
-    loss = (loss_tok * mask).sum() / norm * (0.0 if dummy else 1.0)  # a dummy pass only keeps ranks in step
-    if term_grads is not None and not dummy:
-        _add_term_grads(term_grads, ctx.model, terms, mask, norm, sd_coef(cfg) * sd_scale)
+    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg,
+                                 sd_scale, sd_rho)
+    loss = (loss_tok * mask).sum() / norm
+    if term_grads is not None:
+        _add_term_grads(term_grads, ctx.model, terms, mask, norm, cfg.sd_coef * sd_scale)
     loss.backward()
-    if dummy:
-        return {}
     stats = {k: float((v.detach() * mask).sum()) for k, v in terms.items()}
     # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
-    stats["rollout_logprob_gap"] = float(((_pad([s.sample_logprobs for s in mb], R).to(device) - logp.detach()).abs()
-                                          * mask).sum())
+    sampled = _pad([s.sample_logprobs for s in mb], R).to(device)
+    stats["rollout_logprob_gap"] = float(((sampled - logp.detach()).abs() * mask).sum())
     stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()))
     return stats
 
 
 def _add_term_grads(acc: dict, model, terms: dict, mask, norm: float, sd_weight: float) -> None:
     """Add this micro-batch's ∇L_GRPO (the PPO term) and ∇(λ·L_SD), each as it enters the loss, to `acc` (by
-    autograd.grad on the graph the real backward then uses: measurement only, nothing goes into .grad). Costs two
-    extra backward passes per micro-batch of the step's first mini-batch and two parameter-sized buffers."""
+    autograd.grad on the graph the real backward then uses: measurement only, nothing goes into .grad). Costs
+    two extra backward passes per micro-batch of the step's first mini-batch and two parameter-sized
+    buffers."""
     params = [p for p in model.parameters() if p.requires_grad]
     for name, term in (("grpo", terms["pg_loss"]), ("sd", sd_weight * terms["sd_loss"])):
         grads = torch.autograd.grad((term * mask).sum() / norm, params, retain_graph=True, allow_unused=True)

@@ -1,20 +1,23 @@
-"""Models behind one small interface: loading, chat ids, token log-probs, and the transformers generation engine.
+"""Models behind one small interface: loading, chat ids, token log-probs, and the transformers generation
+engine.
 
-- `load_model(path)` loads any causal LM through `AutoModelForCausalLM.from_pretrained` (a hub id or a directory; the
-  embedded names `tiny` / `tiny-agent` are resolved to their directories by `embedded/` at the caller).
+- `load_model(path)` loads any causal LM through `AutoModelForCausalLM.from_pretrained` (a hub id or a
+  directory; the embedded names `tiny` / `tiny-agent` are resolved to their directories by `embedded/` at the
+  caller).
 - `chat_ids` is the token ids of one user message with the generation prompt (every turn is one user message).
-- `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the log-prob
-  of every response token, and length-aware packing; the update (grpo.py) and the teacher (teacher.py) share them.
-  `token_logprobs` runs the lm_head and the float32 log-softmax over chunks of response tokens (bounded memory).
-- `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate` and returns,
-  per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled token (the same
-  quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on the device while
-  sampling (no (B, R, V) logits are kept). On CUDA it generates under the update's bf16 autocast. A vLLM engine with
-  the same interface lives in `scale/vllm_engine.py`.
+- `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the
+  log-prob of every response token, and length-aware packing; the update (grpo.py) and the teacher
+  (teacher.py) share them. `token_logprobs` runs the lm_head and the float32 log-softmax over chunks of
+  response tokens (bounded memory).
+- `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate`
+  and returns, per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled
+  token (the same quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on
+  the device while sampling (no (B, R, V) logits are kept). On CUDA it generates under the update's bf16
+  autocast. A vLLM engine with the same interface lives in `scale/vllm_engine.py`.
 
 Deviations / simplifications:
-1. With top-p / top-k < 1 the reported log-probs are those of the temperature-scaled full distribution (as verl
-   recomputes them), not of the truncated sampling distribution.
+1. With top-p / top-k < 1 the reported log-probs are those of the temperature-scaled full distribution (as
+   verl recomputes them), not of the truncated sampling distribution.
 """
 
 from contextlib import nullcontext
@@ -32,7 +35,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """(model, tokenizer) through the ordinary `from_pretrained` path. Errors name the model and what to do."""
+    """(model, tokenizer) through the ordinary `from_pretrained` path. Errors name the model and what to
+    do."""
     hf_logging.disable_progress_bar()  # one bar per weight file is noise in a training log
     try:
         tokenizer = load_tokenizer(path)
@@ -54,8 +58,8 @@ def load_tokenizer(path: str):
 
 
 def _load_error(path: str, e: Exception) -> str:
-    return (f"Could not load model '{path}': {e}\nGive a local directory with a Hugging Face model, a hub id on a "
-            f"machine that can download it, or `--model tiny` for the embedded CPU model.")
+    return (f"Could not load model '{path}': {e}\nGive a local directory with a Hugging Face model, a hub id "
+            f"on a machine that can download it, or `--model tiny` for the embedded CPU model.")
 
 
 def chat_ids(tokenizer, user_text: str) -> list[int]:
@@ -69,8 +73,9 @@ def chat_ids(tokenizer, user_text: str) -> list[int]:
 
 @dataclass
 class Batch:
-    """[left-padded prompt | right-padded response]: every response starts at column P, so the logits of the last R+1
-    positions predict exactly the R response tokens (the prefix/response boundary is the same for any prompt length)."""
+    """[left-padded prompt | right-padded response]: every response starts at column P, so the logits of the
+    last R+1 positions predict exactly the R response tokens (the prefix/response boundary is the same for any
+    prompt length)."""
     input_ids: torch.Tensor       # (B, P+R)
     attention_mask: torch.Tensor  # (B, P+R)
     position_ids: torch.Tensor    # (B, P+R)
@@ -96,19 +101,22 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
 
 
 LOGPROB_CHUNK_TOKENS = 512
-"""response tokens per lm_head + log-softmax chunk: only one chunk's float32 (tokens, V) tensors exist at a time
-(at V = 151,936 a few of 0.3 GiB each, whatever the micro-batch holds)"""
+"""response tokens per lm_head + log-softmax chunk: only one chunk's float32 (tokens, V) tensors exist at a
+time (at V = 151,936 a few of 0.3 GiB each, whatever the micro-batch holds)"""
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   allowed: list[list[list[int]] | None] | None = None, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
-    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R); 0 at
-    padding. `allowed` (restricted decoding): per row, the allowed token ids at each response position, or None for a
-    free row; the distribution is then renormalised over the allowed tokens, exactly as it was sampled.
+                   allowed: list[list[list[int]] | None] | None = None,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log π(y_t | prefix) of every response token (B, R), and optionally the entropy of each position (B, R);
+    0 at padding. `allowed` (restricted decoding): per row, the allowed token ids at each response position,
+    or None for a free row; the distribution is then renormalised over the allowed tokens, exactly as it was
+    sampled.
 
-    Bounded memory: the model body gives the final hidden states of the response columns, then the lm_head and the
-    float32 log-softmax run on `chunk_tokens` response tokens at a time; with autograd on, each chunk is recomputed
-    in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens, V)."""
+    Bounded memory: the model body gives the final hidden states of the response columns, then the lm_head and
+    the float32 log-softmax run on `chunk_tokens` response tokens at a time; with autograd on, each chunk is
+    recomputed in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens,
+    V)."""
     R = batch.response_ids.shape[1]
     sel = batch.response_mask.bool()                                          # (B, R) real response tokens
     source, head = _response_states(model, batch, R)                          # (B, R, H) or (B, R, V) logits
@@ -117,8 +125,9 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     V = source.shape[-1] if head is None else head.weight.shape[0]
     logps, entropies = [], []
     for i in range(0, len(positions), chunk_tokens):
-        keep = _chunk_mask(allowed, positions[i:i + chunk_tokens], V, source.device) if allowed is not None else None
-        args = (head, source[i:i + chunk_tokens], targets[i:i + chunk_tokens], keep, temperature, with_entropy)
+        chunk = slice(i, i + chunk_tokens)
+        keep = _chunk_mask(allowed, positions[chunk], V, source.device) if allowed is not None else None
+        args = (head, source[chunk], targets[chunk], keep, temperature, with_entropy)
         if torch.is_grad_enabled() and source.requires_grad:  # recompute the chunk in backward
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
@@ -134,14 +143,15 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
 
 
 def _response_states(model, batch: Batch, R: int):
-    """(B, R, H) final hidden states at the columns that predict the R response tokens (column P-1+t predicts y_t)
-    and the lm_head that turns them into logits, from the model's own forward (through a DDP wrapper): a hook keeps
-    the lm_head's input and lets the head itself run on one column only. A model without a separate head (or under
-    FSDP2, whose head weight is sharded outside the forward) gives its (B, R, V) logits and head None."""
+    """(B, R, H) final hidden states at the columns that predict the R response tokens (column P-1+t predicts
+    y_t) and the lm_head that turns them into logits, from the model's own forward (through a DDP wrapper): a
+    hook keeps the lm_head's input and lets the head itself run on one column only. A model without a separate
+    head (or under FSDP2, whose head weight is sharded outside the forward) gives its (B, R, V) logits and
+    head None."""
     head = getattr(getattr(model, "module", model), "get_output_embeddings", lambda: None)()
     if head is None or hasattr(model, "unshard"):
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                    logits_to_keep=R + 1, use_cache=False)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, logits_to_keep=R + 1, use_cache=False)
         return out.logits[:, :-1], None
     kept = []
 
@@ -159,17 +169,18 @@ def _response_states(model, batch: Batch, R: int):
 
 
 def _chunk_logprobs(head, source, targets, keep, temperature: float, with_entropy: bool):
-    """Log-probs (n,) of `targets` and entropies (n,) (or None) of n positions from their hidden states (or logits)."""
+    """Log-probs (n,) of `targets` and entropies (n,) (or None) of n positions from their hidden states (or
+    logits)."""
     logits = (head(source) if head is not None else source).float()                    # (n, V)
     if temperature != 1.0:  # (no copy at T = 1: each (n, V) temporary counts)
         logits = logits / temperature
     if keep is not None:
-        logits = logits.masked_fill(~keep, float("-inf"))                              # (n, V) restricted decoding
+        logits = logits.masked_fill(~keep, float("-inf"))                              # (n, V) restricted
     logp_all = torch.log_softmax(logits, dim=-1)                                       # (n, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                      # (n,)
     if not with_entropy:
         return logp, None
-    finite = logp_all if keep is None else logp_all.masked_fill(~keep, 0.0)            # 0·log 0 = 0 where masked
+    finite = logp_all if keep is None else logp_all.masked_fill(~keep, 0.0)            # 0·log 0 = 0 if masked
     return logp, -(logp_all.exp() * finite).sum(-1)
 
 
@@ -185,11 +196,11 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return chunks + [cur] if cur else chunks
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Restricted decoding (`--rollout.action-space admissible`, a CPU-scale option): the response is one of a list of
-# allowed responses (the turn's admissible commands). The allowed tokens at a response position are a function of that
-# list and of the response prefix, so sampling, the teacher and the update apply the same mask, and the PPO ratio is
-# exactly 1 on-policy.
+# ------------------------------------------------------------------------------------------------------------
+# Restricted decoding (`--rollout.action-space admissible`, a CPU-scale option): the response is one of a
+# list of allowed responses (the turn's admissible commands). The allowed tokens at a response position are a
+# function of that list and of the response prefix, so sampling, the teacher and the update apply the same
+# mask, and the PPO ratio is exactly 1 on-policy.
 
 
 def action_trie(tokenizer, responses: list[str]) -> dict:
@@ -213,12 +224,15 @@ def allowed_ids(trie: dict, prefix: list[int]) -> list[int]:
 
 
 def allowed_per_position(trie: dict, response_ids: list[int]) -> list[list[int]]:
-    """The allowed ids at every position of a response sampled under `trie` (what the update and teacher reuse)."""
+    """The allowed ids at every position of a response sampled under `trie` (what the update and teacher
+    reuse)."""
     return [allowed_ids(trie, response_ids[:t]) for t in range(len(response_ids))]
 
 
-def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int, device) -> torch.Tensor:
-    """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows: all)."""
+def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int,
+                device) -> torch.Tensor:
+    """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows:
+    all)."""
     keep = torch.ones(len(positions), V, dtype=torch.bool)
     for k, (b, t) in enumerate(positions):
         if allowed[b] is not None and t < len(allowed[b]):
@@ -228,8 +242,8 @@ def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]
 
 
 def forced_path(node: dict) -> tuple[list[int], dict]:
-    """The tokens a trie node forces (its chain of single children) and the node where the chain ends: {} when the
-    chain runs through EOS, i.e. the rest of the response is determined."""
+    """The tokens a trie node forces (its chain of single children) and the node where the chain ends: {} when
+    the chain runs through EOS, i.e. the rest of the response is determined."""
     path = []
     while len(node) == 1:
         (token, node), = node.items()
@@ -244,9 +258,10 @@ def _walk(node: dict, tokens: list[int]) -> dict:
 
 
 class DeterminedStop:
-    """A transformers stopping criterion for restricted decoding: a row stops as soon as its trie allows only one
-    way to finish (`forced_path` ends in {}); `stops[b]` is how many tokens row b sampled. The forced rest costs no
-    decode step: its restricted log-probs are exactly 0 (one allowed token), as the update recomputes them."""
+    """A transformers stopping criterion for restricted decoding: a row stops as soon as its trie allows only
+    one way to finish (`forced_path` ends in {}); `stops[b]` is how many tokens row b sampled. The forced rest
+    costs no decode step: its restricted log-probs are exactly 0 (one allowed token), as the update recomputes
+    them."""
 
     def __init__(self, tries: list[dict], start: int):
         self.tries, self.start, self.stops = tries, start, [None] * len(tries)
@@ -275,11 +290,12 @@ class TrieLogitsProcessor:
 
 
 class LogprobRecorder:
-    """A transformers logits processor placed after every processor of ours (the trie mask): it keeps log softmax(
-    scores / T) of the current step on the device, (B, V), and at the next step gathers it at the token that was
-    sampled (the last column of `input_ids`); `logprobs` gathers the last step. Only (B,) per step is kept.
-    transformers applies its temperature / top-k / top-p warpers after our processors, so these are the log-probs
-    of the temperature-scaled (masked) distribution, what `token_logprobs` computes in training."""
+    """A transformers logits processor placed after every processor of ours (the trie mask): it keeps log
+    softmax( scores / T) of the current step on the device, (B, V), and at the next step gathers it at the
+    token that was sampled (the last column of `input_ids`); `logprobs` gathers the last step. Only (B,) per
+    step is kept. transformers applies its temperature / top-k / top-p warpers after our processors, so these
+    are the log-probs of the temperature-scaled (masked) distribution, what `token_logprobs` computes in
+    training."""
 
     def __init__(self, temperature: float):
         self.temperature, self.step_logp, self.taken = temperature, None, []
@@ -300,14 +316,14 @@ class LogprobRecorder:
         return torch.stack(self.taken, dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Generation
 
 
 @dataclass
 class Generation:
     response_ids: list[int]
-    logprobs: list[float]  # sampling log-probs of each response token, log softmax(logits / T) (over the allowed tokens)
+    logprobs: list[float]  # of each response token: log softmax(logits / T) (over the allowed tokens)
     text: str
     truncated: bool        # stopped by max_new_tokens rather than by EOS
     allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids at each response position
@@ -325,24 +341,27 @@ class SamplingConfig:
     top_k: int = 0
     """top-k sampling (0 = off)"""
     static_cache: bool = False
-    """hf engine: a static KV cache, with which transformers compiles the decode step (torch.compile) on CUDA to cut
-    launch overhead; the first call of each batch shape compiles. Opt-in: not measured on a GPU yet"""
+    """hf engine: a static KV cache, with which transformers compiles the decode step (torch.compile) on CUDA
+    to cut launch overhead; the first call of each batch shape compiles. Opt-in: not measured on a GPU yet"""
 
 
 class HFEngine:
-    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync). On CUDA with
-    `bf16`, generation runs under the same bfloat16 autocast as the update (the float32 weights are cast once per
-    call); the sampling log-probs are computed on the device while sampling (`LogprobRecorder`)."""
+    """Batched sampling with transformers `generate` on the policy's own weights (nothing to sync). On CUDA
+    with `bf16`, generation runs under the same bfloat16 autocast as the update (the float32 weights are cast
+    once per call); the sampling log-probs are computed on the device while sampling (`LogprobRecorder`)."""
 
     def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, bf16: bool = True):
-        self.model, self.tokenizer, self.cfg, self.batch_size, self.bf16 = model, tokenizer, cfg, batch_size, bf16
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.batch_size, self.bf16 = batch_size, bf16
 
     def sync_weights(self, model) -> None:
-        """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM engine)."""
+        """Nothing to copy: generation runs on the trainer's own module (interface parity with the vLLM
+        engine)."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], tries: list[dict] | None = None) -> list[Generation]:
-        """One response per prompt; with `tries` (one per prompt, `action_trie`), decoding is restricted to them."""
+        """One response per prompt; with `tries` (one per prompt, `action_trie`), decoding is restricted to
+        them."""
         out = []
         for i in range(0, len(prompts), self.batch_size):
             out += self._generate_batch(prompts[i:i + self.batch_size],
@@ -350,24 +369,27 @@ class HFEngine:
         return out
 
     def _generate_batch(self, prompts: list[list[int]], tries: list[dict] | None) -> list[Generation]:
-        """Free rows: sampled until EOS or max_new_tokens. Restricted rows: only the tokens where the trie leaves a
-        choice are decoded; the tokens it forces (`forced_path`: the prefix joins the prompt, the rest once a row is
-        determined, `DeterminedStop`) are appended with their restricted log-prob, exactly 0."""
+        """Free rows: sampled until EOS or max_new_tokens. Restricted rows: only the tokens where the trie
+        leaves a choice are decoded; the tokens it forces (`forced_path`: the prefix joins the prompt, the
+        rest once a row is determined, `DeterminedStop`) are appended with their restricted log-prob, exactly
+        0."""
         tok, limit = self.tokenizer, self.cfg.max_new_tokens
         if tries is None:
             sampled = self._decode(prompts, None)
-            ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids) for ids, _ in sampled]
+            ends = [ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+                    for ids, _ in sampled]
             responses = [(ids[:n], lp[:n]) for (ids, lp), n in zip(sampled, ends)]
         else:
-            heads = [forced_path(t) for t in tries]                       # (forced prefix, node where a choice is)
+            heads = [forced_path(t) for t in tries]                       # (forced prefix, node of a choice)
             open_rows = [i for i, (_, node) in enumerate(heads) if node]  # rows with something left to sample
-            sampled = dict(zip(open_rows, self._decode([prompts[i] + heads[i][0] for i in open_rows],
-                                                       [heads[i][1] for i in open_rows]) if open_rows else []))
+            decoded = self._decode([prompts[i] + heads[i][0] for i in open_rows],
+                                   [heads[i][1] for i in open_rows]) if open_rows else []
+            sampled = dict(zip(open_rows, decoded))
             responses = []
             for i, (prefix, node) in enumerate(heads):
                 ids, lp = sampled.get(i, ([], []))
                 rest, left = forced_path(_walk(node, ids))
-                rest = [] if left else rest  # determined: the forced rest; else the row ran out of max_new_tokens
+                rest = [] if left else rest  # determined: the forced rest; else it ran out of max_new_tokens
                 response = (prefix + ids + rest)[:limit]
                 responses.append((response, ([0.0] * len(prefix) + lp + [0.0] * len(rest))[:limit]))
         return [Generation(response_ids=ids, logprobs=lp, text=tok.decode(ids, skip_special_tokens=True),
@@ -375,9 +397,11 @@ class HFEngine:
                            allowed=allowed_per_position(tries[i], ids) if tries is not None else None)
                 for i, (ids, lp) in enumerate(responses)]
 
-    def _decode(self, prompts: list[list[int]], tries: list[dict] | None) -> list[tuple[list[int], list[float]]]:
-        """(sampled ids, their log-probs) per prompt, left-padded into one `generate` call; with `tries`, each row's
-        tokens up to where its trie determines the rest (DeterminedStop), or all max_new_tokens of them."""
+    def _decode(self, prompts: list[list[int]],
+                tries: list[dict] | None) -> list[tuple[list[int], list[float]]]:
+        """(sampled ids, their log-probs) per prompt, left-padded into one `generate` call; with `tries`, each
+        row's tokens up to where its trie determines the rest (DeterminedStop), or all max_new_tokens of
+        them."""
         tok, cfg = self.tokenizer, self.cfg
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -387,7 +411,8 @@ class HFEngine:
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention_mask[i, width - len(p):] = 1
         greedy = cfg.temperature == 0
-        sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
+        sampling = {} if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p,
+                                          top_k=cfg.top_k or None)
         recorder = LogprobRecorder(cfg.temperature or 1.0)  # greedy: log-probs at T=1
         processors = ([TrieLogitsProcessor(tries, width)] if tries is not None else []) + [recorder]
         stop = DeterminedStop(tries, width) if tries is not None else None
@@ -397,13 +422,15 @@ class HFEngine:
         self.model.eval()
         with autocast:
             out = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=not greedy,
-                max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                do_sample=not greedy, max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
                 logits_processor=processors, stopping_criteria=[stop] if stop else None,
                 cache_implementation="static" if cfg.static_cache else None, return_dict_in_generate=True,
                 **sampling)
         self.model.train(was_training)
-        token_logp = recorder.logprobs(out.sequences).cpu().tolist()                 # (B, R) on the device, then here
+        token_logp = recorder.logprobs(out.sequences).cpu().tolist()                 # (B, R), from the device
         seqs = out.sequences[:, width:].cpu().tolist()                               # (B, R)
-        ends = [len(s) if stop is None or stop.stops[b] is None else stop.stops[b] for b, s in enumerate(seqs)]
+        ends = [len(s) if stop is None or stop.stops[b] is None else stop.stops[b]
+                for b, s in enumerate(seqs)]
         return [(s[:n], lp[:n]) for s, lp, n in zip(seqs, token_logp, ends)]

@@ -2,37 +2,37 @@
 
 One step of training (the loop at the bottom reads as this list):
   1. sample task groups        n rollouts (`group_size`) of each of `tasks_per_step` tasks
-  2. roll out                  every turn is a sample: (prompt of that turn, sampled response, sampling log-probs)
-  3. reference bank            successes of this group (+ archive, + planner solutions if asked) per task
-  4. route                     which turns to distil: state-signature matches (smrc-sd), all (fullpath-sd), none (grpo),
-                               every turn (skill-sd, sdar, grpo-opsd)
-  5. teacher                   same weights re-score the sampled tokens with [reference + state summary + candidate]
-                               (smrc-sd), [reference] (fullpath-sd) or [skill text] (skill-sd, sdar, grpo-opsd)
-  6. advantages                trajectory-level GRPO per task group
-  7. update                    L = L_GRPO + λ·L_SD (distilled turns only; L_SD's form is set by --algo, grpo.py)
-  8. sync, log, checkpoint     (and every --eval-every steps: validation on a fixed panel, best weights kept)
+  2. roll out              every turn is one records.Turn: its prompt, sampled response, sampling log-probs
+  3. reference bank        successes of this group (+ archive, + planner solutions if asked) per task
+  4. route                 which turns to distil: state-signature matches (smrc-sd), every turn of a task
+                           with a reference (fullpath-sd), none (grpo), every turn (skill-sd, sdar, grpo-opsd)
+  5. teacher               same weights re-score the sampled tokens with [reference + state summary +
+                           candidate] (smrc-sd), [reference] (fullpath-sd) or [skill text] (skill-sd, sdar,
+                           grpo-opsd)
+  6. advantages            trajectory-level GRPO per task group
+  7. update                L = L_GRPO + λ·L_SD (distilled turns only; L_SD's form is set by --algo, grpo.py)
+  8. sync, log, checkpoint (and every --eval-every steps: validation on a fixed panel, best weights kept)
 
 Usage:
-  python smrc.py --preset tiny                                         # CPU, embedded model and generated games
-  python smrc.py --env alfworld --model Qwen/Qwen3-1.7B                # paper scale, official ALFWorld data
+  python smrc.py --preset tiny                                          # CPU, embedded model, generated games
+  python smrc.py --env alfworld --model Qwen/Qwen3-1.7B                 # paper scale, official ALFWorld data
   python smrc.py --env webshop --algo fullpath-sd --router.matcher structured   # an ablation row
-  python smrc.py --env alfworld --algo sdar --router.context fullpath           # SDAR's loss, a trajectory context
+  python smrc.py --env alfworld --algo sdar --router.context trajectory         # SDAR's loss, a trajectory
   torchrun --nproc_per_node 8 smrc.py --env alfworld --model Qwen/Qwen3-1.7B
 
-Inference and evaluation see only the ordinary prompt: reference, signatures and teacher context exist only in steps
-3-5 and never enter a rollout prompt.
+Inference and evaluation see only the ordinary prompt: reference, signatures and teacher context exist only in
+steps 3-5 and never enter a rollout prompt.
 
 Read the method in this order: envs.py (the environment contract), rollout.py, router.py, teacher.py, grpo.py,
-models.py; the flags and presets are in config.py, the support in environments/, scale/, embedded/ (and analysis/,
-bench/ beside evaluate.py).
+models.py; the flags and presets are in config.py, the support in environments/, scale/, embedded/ (and
+analysis/, bench/ beside evaluate.py).
 """
 
 import copy
 import dataclasses
-import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,22 +43,26 @@ import grpo
 import rollout
 import router
 import teacher
-from config import (ALGOS, PRESETS, Config, RolloutConfig, config_from_run, learn_preset,  # noqa: F401 (re-exported)
-                    parse_config, tiny_preset)
+from analysis.audits import archive_rows
+from config import ALGOS, PRESETS, Config, config_from_run, parse_config  # noqa: F401 (re-exported)
 from embedded.warmstart import RECIPES, TINY, resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model
+from records import Trajectory, Turn
 from scale import distributed
 from scale.checkpoint import load_trainer_state, save_checkpoint, seed_step, set_aside_newer
 from scale.distributed import World, init_distributed, print0
-from scale.monitor import log_step, save_best, validate
+from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
+from scale.run_logs import trim_logs
 from scale.safe_io import stop_on_io_error
 from scale.vllm_engine import VLLMEngine
 
+NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step limit (a plan may be long)
 
-# ----------------------------------------------------------------------------------------------------------------------
-# References, samples, archive
+
+# ------------------------------------------------------------------------------------------------------------
+# References, advantages, the teacher's scorer
 
 
 @dataclass
@@ -72,80 +76,74 @@ class Setup:
     bank: router.ReferenceBank
     start: int                    # the first step to run (the checkpoint's step on --resume)
     engine: object                # HFEngine or VLLMEngine
+    validation: Validation | None = None  # the fixed validation panel and its settings (--eval-every)
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
-    panel: list = field(default_factory=list)  # the fixed validation panel (--eval-every)
 
 
-def step_tasks(cfg: Config, s: Setup, world: World, step: int) -> list[envs.Task]:
+def step_tasks(cfg: Config, run: Setup, world: World, step: int) -> list[envs.Task]:
     """This rank's shard of the step's task groups (the same draw on every rank, known ahead of the step)."""
-    pick = np.random.default_rng([cfg.seed, step]).choice(
-        len(s.train_tasks), cfg.rollout.tasks_per_step, replace=len(s.train_tasks) < cfg.rollout.tasks_per_step)
-    return world.shard([s.train_tasks[i] for i in sorted(pick)])
+    n_tasks, n_pick = len(run.train_tasks), cfg.rollout.tasks_per_step
+    pick = np.random.default_rng([cfg.seed, step]).choice(n_tasks, n_pick, replace=n_tasks < n_pick)
+    return world.shard([run.train_tasks[i] for i in sorted(pick)])
 
 
-def planner_references(cfg: Config, s: Setup, tasks: list[envs.Task]) -> list[router.Trajectory]:
-    """Router deviation 4: the planner's solution of every task not yet in the bank, replayed through an env without
-    a step limit (a plan may be longer than the student's max_steps). The plan is built with the run's env config."""
+def planner_references(cfg: Config, run: Setup, tasks: list[envs.Task]) -> list[Trajectory]:
+    """The planner's solution of every task not yet in the bank (router choice 4), replayed through an env
+    without a step limit (a plan may be longer than the student's max_steps). The plan is built with the run's
+    env config."""
     refs = []
-    for task in (t for t in tasks if t.task_id not in s.bank.planner):
+    for task in (t for t in tasks if t.task_id not in run.bank.planner):
         result = envs.plan(cfg.env_cfg, task, [])
         if result.status != "ok":
             print(f"[planner] no reference for {task.task_id}: {result.status} {result.message}", flush=True)
             continue
-        s.replay_env = s.replay_env or envs.make_env(dataclasses.replace(cfg.env_cfg, max_steps=10**6))
-        ref = rollout.reference(s.replay_env, task, result.actions)
+        if run.replay_env is None:
+            run.replay_env = envs.make_env(dataclasses.replace(cfg.env_cfg, max_steps=NO_STEP_LIMIT))
+        ref = rollout.reference(run.replay_env, task, result.actions)
         refs += [ref] if ref is not None else []
     return refs
 
 
-def build_samples(episodes: list[rollout.Episode], teacher_lp: list, penalty: float,
-                  norm_by_std: bool) -> list[grpo.Sample]:
-    """Turn score s = episode return − penalty·[turn invalid] (verl-agent), then GRPO advantages per task group."""
+def set_advantages(episodes: list[rollout.Episode], penalty: float, norm_by_std: bool) -> None:
+    """Turn score s = episode return − penalty·[turn invalid] (verl-agent), then GRPO advantages per task
+    group."""
     turns = [t for e in episodes for t in e.turns]
     scores = [e.ret - penalty * (not t.valid) for e in episodes for t in e.turns]
-    adv = grpo.grpo_advantages(scores, [t.group for t in turns], norm_by_std)
-    return [grpo.Sample(t.prompt_ids, t.response_ids, a, t.sample_logprobs, lp, t.allowed)
-            for t, a, lp in zip(turns, adv, teacher_lp)]
+    for turn, advantage in zip(turns, grpo.grpo_advantages(scores, [t.group for t in turns], norm_by_std)):
+        turn.advantage = advantage
 
 
-def teacher_scorer(cfg: Config, s: Setup) -> teacher.Scorer:
+def teacher_scorer(cfg: Config, run: Setup) -> teacher.Scorer:
     temperature = cfg.rollout.sampling.temperature
-    if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response] on the rollout engine
-        return teacher.vllm_scorer(s.engine, temperature)
-    return teacher.hf_scorer(s.model, s.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens, temperature,
-                             bf16=cfg.grpo.bf16)  # the update's precision
+    if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response], rollout engine
+        return teacher.vllm_scorer(run.engine, temperature)
+    return teacher.hf_scorer(run.model, run.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens,
+                             temperature, bf16=cfg.grpo.bf16)  # the update's precision
 
 
-def archive(step: int, episodes: list[rollout.Episode], rturns: list[router.Turn], matches: list,
-            bank: router.ReferenceBank, cfg: Config) -> list[dict]:
-    """Archive rows with the run's matches and both audited matchers' matches on the same turns (the run's own
-    matches when its matcher is one of them: the same deterministic function on the same bank)."""
-    structured = matches if cfg.matcher == "structured" else router.route(
-        rturns, bank, "structured", random.Random(0), references=cfg.router.references)
-    history_matches = matches if cfg.matcher == "history" else router.route(
-        rturns, bank, "history", random.Random(0), window=cfg.history_window, references=cfg.router.references)
-    return rollout.archive_rows(step, episodes, matches, structured, history_matches)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Training loop
 
 
 def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
     """Before anything is written or loaded: the settings fit together, the data (train split; the validation
-    panel with --eval-every) and the model exist. Each failure is one `error:` line. Returns (train tasks, panel)."""
+    panel with --eval-every) and the model exist. Each failure is one `error:` line. Returns (train tasks,
+    panel)."""
     if cfg.rollout.action_space == "admissible" and ("vllm" in (cfg.rollout.engine, cfg.teacher.backend)
                                                      or cfg.env_cfg.require_think):
-        raise SystemExit("error: --rollout.action-space admissible needs --rollout.engine hf --teacher.backend hf and "
-                         "require_think False (the response is exactly one `<action>...</action>`)")
-    if cfg.matcher == "every" and cfg.context != "skill":
-        raise SystemExit(f"error: --router.matcher every distils turns without a reference, which --router.context "
-                         f"{cfg.context} needs; use --router.context skill or --router.matcher all")
-    if cfg.teacher.oracle > 0 and cfg.matcher in ("every", "none"):
-        raise SystemExit(f"error: --teacher.oracle needs a reference candidate on every distilled turn, which "
-                         f"--router.matcher {cfg.matcher} does not give; use a matcher with references (structured, "
-                         f"all, history, ...), e.g. --algo smrc-sd or --algo fullpath-sd")
+        raise SystemExit("error: --rollout.action-space admissible needs --rollout.engine hf "
+                         "--teacher.backend hf and require_think False (the response is exactly one "
+                         "`<action>...</action>`)")
+    if cfg.router.matcher == "every-turn" and cfg.router.context != "skill":
+        raise SystemExit(f"error: --router.matcher every-turn distils turns without a reference, which "
+                         f"--router.context {cfg.router.context} needs; use --router.context skill or "
+                         f"--router.matcher with-reference")
+    if cfg.teacher.oracle > 0 and cfg.router.matcher in ("every-turn", "none"):
+        raise SystemExit(f"error: --teacher.oracle needs a reference candidate on every distilled turn, "
+                         f"which --router.matcher {cfg.router.matcher} does not give; use a matcher with "
+                         f"references (structured, with-reference, history, ...), e.g. --algo smrc-sd or "
+                         f"--algo fullpath-sd")
     try:  # missing data: one clear message, not a traceback from deep inside
         train = envs.load_tasks(cfg.env_cfg, "train")
         panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
@@ -161,10 +159,11 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
     """With (train tasks, validation panel) from check_inputs and the verified checkpoint to resume (or None):
     the model, reference model, optimizer, bank (and guard counters) restored from it, the engine."""
     out = Path(cfg.output_dir)
-    if world.enabled and cfg.dist.strategy == "fsdp" and (cfg.rollout.engine, cfg.teacher.backend) != ("vllm", "vllm"):
-        raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: under FSDP "
-                         "every forward is a collective, and per-rank generation lengths differ")
-    if world.is_main:  # embedded models are built once, by rank 0 (transformers saves on rank 0 only under torchrun)
+    on_vllm = (cfg.rollout.engine, cfg.teacher.backend) == ("vllm", "vllm")
+    if world.enabled and cfg.dist.strategy == "fsdp" and not on_vllm:
+        raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: "
+                         "under FSDP every forward is a collective, and per-rank generation lengths differ")
+    if world.is_main:  # embedded models are built once, by rank 0 (transformers saves on rank 0 only)
         resolve(cfg.model)
     world.barrier()
     model_path = resolve(cfg.model)
@@ -185,16 +184,18 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
     if world.is_main:
         with stop_on_io_error(out):
             set_aside_newer(out, start)
-            rollout.trim_logs(out, start)
-    if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then given the trainer's weights
+            trim_logs(out, start)
+    if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then synced
         engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
         engine.sync_weights(model)
     else:
-        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
-                          bf16=cfg.grpo.bf16)
-    return Setup(train_tasks=tasks[0], panel=tasks[1], model=model, tokenizer=tokenizer, ref_model=ref_model,
-                 optimizer=optimizer, bank=bank, start=start, engine=engine,
+        engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling,
+                          cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
+    validation = Validation(tasks[1], cfg.rollout, cfg.env_cfg, cfg.eval_temperature, cfg.seed, out,
+                            cfg.steps)
+    return Setup(train_tasks=tasks[0], model=model, tokenizer=tokenizer, ref_model=ref_model,
+                 optimizer=optimizer, bank=bank, start=start, engine=engine, validation=validation,
                  nonfinite=guards["nonfinite_streak"])
 
 
@@ -217,75 +218,73 @@ def main(cfg: Config) -> None:
 
 
 def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ckpt: Path | None) -> None:
-    s = setup(cfg, world, tasks, ckpt)
+    run = setup(cfg, world, tasks, ckpt)
     oracle = f" oracle alpha={cfg.teacher.oracle:g}" if cfg.teacher.oracle > 0 else ""
-    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.matcher} context={cfg.context} L_SD={cfg.sd_loss} "
-                  f"lambda={cfg.sd_coef:g}{oracle} | "
-                  f"{len(s.train_tasks)} train tasks | {sum(p.numel() for p in s.model.parameters()) / 1e6:.2f}M "
-                  f"params on {world.device} x{world.world_size} | steps {s.start}->{cfg.steps}")
+    millions = sum(p.numel() for p in run.model.parameters()) / 1e6
+    print0(world, f"[smrc] {cfg.algo}: matcher={cfg.router.matcher} context={cfg.router.context} "
+                  f"L_SD={cfg.grpo.sd_loss} lambda={cfg.grpo.sd_coef:g}{oracle} | "
+                  f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
+                  f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
     try:
-        for step in range(s.start, cfg.steps):
-            train_step(cfg, world, pool, s, step)
+        for step in range(run.start, cfg.steps):
+            train_step(cfg, world, pool, run, step)
     finally:
-        if s.replay_env is not None:
-            s.replay_env.close()
-        getattr(s.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook uses it)
+        if run.replay_env is not None:
+            run.replay_env.close()
+        getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook)
 
 
-def train_step(cfg: Config, world: World, pool: EnvPool, s: Setup, step: int) -> None:
+def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) -> None:
     t_step = time.perf_counter()
     rng = seed_step(cfg.seed, step, world.rank)
     # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
-    tasks = step_tasks(cfg, s, world, step)
-    for task in (tasks + step_tasks(cfg, s, world, step + 1)) if cfg.router.seed_with_planner else []:
-        envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background during this step (step 3 waits less)
-    # 2. roll out (ordinary prompts only)
-    episodes, counters = rollout.collect_rollouts(s.engine, pool, s.tokenizer, tasks, cfg, tag=f"s{step}r{world.rank}",
+    tasks = step_tasks(cfg, run, world, step)
+    for task in (tasks + step_tasks(cfg, run, world, step + 1)) if cfg.router.seed_with_planner else []:
+        envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background (step 3 waits less)
+    # 2. roll out (ordinary prompts only): every turn is one records.Turn, the later stages read and add to it
+    episodes, counters = rollout.collect_rollouts(run.engine, pool, run.tokenizer, tasks, cfg.rollout,
+                                                  cfg.env_cfg, tag=f"s{step}r{world.rank}",
                                                   show_progress=world.is_main)
-    turns = [t for e in episodes for t in e.turns]
-    # 3. reference bank: this group's successes, earlier successes, planner solutions (flag); same on all ranks
-    new_refs = planner_references(cfg, s, tasks) if cfg.router.seed_with_planner else []
+    turns: list[Turn] = [t for e in episodes for t in e.turns]
+    # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
+    new_refs = planner_references(cfg, run, tasks) if cfg.router.seed_with_planner else []
     gathered = world.gather(([rollout.to_trajectory(e) for e in episodes], new_refs))
-    s.bank.add_group([t for trajs, _ in gathered for t in trajs])
+    run.bank.add_group([t for trajs, _ in gathered for t in trajs])
     for ref in (r for _, refs in gathered for r in refs):
-        s.bank.add_planner(ref)
-    # 4. route: which turns get distilled
-    rturns = [router.Turn(t.task.task_id, t.traj_id, t.index,
-                          router.Step(t.signature, t.history_key, t.observation, t.action)) for t in turns]
-    matches = router.route(rturns, s.bank, cfg.matcher, rng, window=cfg.history_window,
-                           references=cfg.router.references)
-    # 5. teacher: same weights, privileged context, matched turns only
-    teacher_lp, sd_counts = teacher.teacher_signal(turns, matches, cfg.context, s.tokenizer, cfg.teacher,
-                                                   teacher_scorer(cfg, s))
-    # 6. GRPO advantages per task group
-    samples = build_samples(episodes, teacher_lp, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
+        run.bank.add_planner(ref)
+    # 4. route: which turns get distilled (turn.match)
+    for turn, match in zip(turns, router.route(turns, run.bank, cfg.router, rng)):
+        turn.match = match
+    # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
+    sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
+                                       teacher_scorer(cfg, run))
+    # 6. GRPO advantages per task group (turn.advantage)
+    set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
     t_update = time.perf_counter()
-    getattr(s.engine, "sleep", lambda: None)()
-    actor = grpo.update(s.model, s.optimizer, samples,
-                        dataclasses.replace(cfg.grpo, sd_loss=cfg.sd_loss, sd_coef=cfg.sd_coef),  # λ resolved
-                        pad_id=s.tokenizer.pad_token_id,
-                        temperature=cfg.rollout.sampling.temperature, ref_model=s.ref_model,
-                        world=world if world.enabled else None, nonfinite_streak=s.nonfinite)
-    s.nonfinite = actor["actor/nonfinite_streak"]
+    getattr(run.engine, "sleep", lambda: None)()
+    actor = grpo.update(run.model, run.optimizer, turns, cfg.grpo, pad_id=run.tokenizer.pad_token_id,
+                        temperature=cfg.rollout.sampling.temperature, ref_model=run.ref_model,
+                        world=world if world.enabled else None, nonfinite_streak=run.nonfinite)
+    run.nonfinite = actor["actor/nonfinite_streak"]
     # 8. sync the rollout engine, archive the turns, log, checkpoint
-    s.engine.sync_weights(s.model)
+    run.engine.sync_weights(run.model)
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive(step + 1, episodes, rturns, matches, s.bank, cfg) if cfg.archive_max_turns else [],
-             "route": router.route_metrics(rturns, matches, s.bank), "times": {
+             "rows": archive_rows(step + 1, episodes, run.bank, cfg.router, cfg.archive_max_turns),
+             "route": router.route_metrics(turns, run.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30
                                  if world.device.type == "cuda" else 0.0)},
              "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
     everyone = world.gather(local)
     if world.is_main:
-        log_step(Path(cfg.output_dir), step + 1, cfg, everyone, actor, s.bank)
+        log_step(Path(cfg.output_dir), step + 1, cfg.steps, everyone, actor, run.bank, cfg.archive_max_turns)
     if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-        row = validate(cfg, s.engine, pool, s.tokenizer, s.panel, step + 1, world)
-        save_best(Path(cfg.output_dir), s.model, s.tokenizer, cfg, row, world)
+        row = validate(run.validation, run.engine, pool, run.tokenizer, step + 1, world)
+        save_best(Path(cfg.output_dir), run.model, run.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-        save_checkpoint(Path(cfg.output_dir), step + 1, s.model, s.tokenizer, s.optimizer, s.bank, cfg, world,
-                        guards={"nonfinite_streak": s.nonfinite})
+        save_checkpoint(Path(cfg.output_dir), step + 1, run.model, run.tokenizer, run.optimizer, run.bank,
+                        cfg, world, guards={"nonfinite_streak": run.nonfinite})
 
 
 if __name__ == "__main__":

@@ -1,37 +1,38 @@
-"""The self-distillation teacher: the policy's own weights re-score the student's sampled tokens under a privileged
-prompt, for the turns the router matched.
+"""The self-distillation teacher: the policy's own weights re-score the student's sampled tokens under a
+privileged prompt, for the turns the router matched.
 
 For a distilled turn the teacher prompt is the chat template over one user message,
     [trajectory or skills]  the student's ordinary user message  [state summary]  [candidate]  closing line
-(router.teacher_context; blocks joined by a blank line), so the privileged text sits inside the conversation (SDAR
-instead pastes it before `<|im_start|>`). The state's own blocks come after the prompt, nearest to the response: the
-candidate is then the most recent copy of the action before the response (before the prompt, the admissible list's
-copies of every action sat nearer, and the tiny model did not learn to read past them). The student's
-response token ids are appended unchanged and scored in one prefill, with the weights that sampled the rollout
-(scoring happens before the update).
+(router.teacher_context; blocks joined by a blank line), so the privileged text sits inside the conversation
+(SDAR instead pastes it before `<|im_start|>`). The state's own blocks come after the prompt, nearest to the
+response: the candidate is then the most recent copy of the action before the response. The student's response
+token ids are appended unchanged and scored in one prefill, with the weights that sampled the rollout (scoring
+happens before the update).
 
-`teacher_signal` builds the requests from the router's matches and scores them through `score`, the one function
-both backends go through: it applies the length budget and counts the stats; the backend only turns (prompt ids,
-response ids) pairs into log-probs:
+`teacher_signal` builds the teacher prompts of the turns the router matched (turn.match) and scores them
+through `score`, the one function both backends go through: it applies the length budget and counts the stats;
+the backend only turns (prompt ids, response ids) pairs into log-probs:
 - hf (`hf_scorer`): a transformers forward on the policy module under `torch.no_grad()`, packed by length.
-  Alignment: `models.collate` puts every response at the same column P after a left-padded prefix, so the log-prob of
-  the first response token comes from the last teacher-prefix position whatever the prefix length (the off-by-one
-  trap of verl's on-policy distillation recipe; tested against a hand-sliced forward).
+  Alignment: `models.collate` puts every response at the same column P after a left-padded prefix, so the
+  log-prob of the first response token comes from the last teacher-prefix position whatever the prefix length
+  (the off-by-one trap of verl's on-policy distillation recipe; tested against a hand-sliced forward).
 - vllm (`vllm_scorer`): prompt log-probs on the (synced) vLLM rollout engine (`VLLMEngine.score_logprobs`).
 
-Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates silently).
-That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
+Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates
+silently). That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
 
-Oracle-teacher control (`--teacher.oracle α`, α in (0, 1]): no teacher forward; the teacher is the sequence-level
-mixture p_T = (1−α)·π_s + α·δ_c, c = the matched candidate's response tokens (`candidate_ids`: what restricted
-decoding samples for that action). On the student's tokens y (`oracle_logprobs`, in log space):
+Oracle-teacher control (`--teacher.oracle α`, α in (0, 1]): no teacher forward; the teacher is the
+sequence-level mixture p_T = (1−α)·π_s + α·δ_c, c = the matched candidate's response tokens (`candidate_ids`:
+what restricted decoding samples for that action). On the student's tokens y (`oracle_logprobs`, in log
+space):
     p_T(y_t | y_<t) = [(1−α)·π_s(y_≤t) + α·1[y_≤t = c_≤t]] / [(1−α)·π_s(y_<t) + α·1[y_<t = c_<t]],
-π_s = the turn's sampling log-probs. Once y has left c it is the student's own conditional; at α = 1 the token where
-y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (same over-length rule), same loss.
+π_s = the turn's sampling log-probs. Once y has left c it is the student's own conditional; at α = 1 the token
+where y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (same over-length rule), same
+loss.
 
-Diagnostic (`--teacher.candidate-gain`, on by default): sd/candidate_gain = log π_T(c) − log π_θ(c) of the candidate
-response on distilled turns (`candidate_gain`), two extra scoring passes over those turns (the teacher's is skipped
-with the oracle), timed apart (sd/candidate_gain_time_s).
+Diagnostic (`--teacher.candidate-gain`, on by default): sd/candidate_gain = log π_T(c) − log π_θ(c) of the
+candidate response on distilled turns (`candidate_gain`), two extra scoring passes over those turns (the
+teacher's is skipped with the oracle), timed apart (sd/candidate_gain_time_s).
 """
 
 import math
@@ -45,6 +46,7 @@ import torch
 import envs
 import router
 from models import action_trie, allowed_per_position, chat_ids, collate, micro_batches, token_logprobs
+from records import Turn
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
 Scorer = Callable[[list[list[int]], list[list[int]], list | None], list[list[float]]]
@@ -54,51 +56,47 @@ ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, th
 @dataclass
 class TeacherConfig:
     backend: Literal["hf", "vllm"] = "hf"
-    """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout engine"""
+    """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout
+    engine"""
     max_prompt_tokens: int = 8192
-    """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never truncate"""
+    """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never
+    truncate"""
     micro_batch_tokens: int = 16384
     """padded tokens per teacher forward"""
     oracle: float = 0.0
-    """oracle-teacher control: α > 0 replaces the model teacher (no forward) by (1−α)·π_student + α·δ_candidate on
-    the same routed turns (teacher.py); needs a matcher whose matches carry a candidate (not `every`)"""
+    """oracle-teacher control: α > 0 replaces the model teacher (no forward) by (1−α)·π_student +
+    α·δ_candidate on the same routed turns (teacher.py); needs a matcher whose matches carry a candidate (not
+    `every`)"""
     candidate_gain: bool = True
-    """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled turns):
-    two extra scoring passes over those turns' candidates (one with the oracle)"""
-
-
-@dataclass
-class TeacherRequest:
-    user_text: str          # the student's ordinary user message for this turn
-    context: str            # the privileged block from router.teacher_context
-    response_ids: list[int]  # the student's sampled tokens
-    allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids per response position (same mask)
-    sample_logprobs: list[float] | None = None  # the oracle: the student's sampling log-probs of response_ids
-    candidate_ids: list[int] | None = None      # the oracle: the candidate's response tokens c
+    """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled
+    turns): two extra scoring passes over those turns' candidates (one with the oracle)"""
 
 
 def teacher_user_text(context: str, user_text: str) -> str:
-    """The teacher's user message: the context (router.teacher_context) with the student's ordinary message in its
-    slot (router.PROMPT_SLOT); a block without a slot goes before the message, separated by a blank line."""
+    """The teacher's user message: the context (router.teacher_context) with the student's ordinary message in
+    its slot (router.PROMPT_SLOT); a block without a slot goes before the message, separated by a blank
+    line."""
     if router.PROMPT_SLOT not in context:
         return context + "\n\n" + user_text
     before, after = context.split(router.PROMPT_SLOT, 1)
     return before + user_text + after
 
 
-def teacher_prompt_ids(tokenizer, req: TeacherRequest) -> list[int]:
-    return chat_ids(tokenizer, teacher_user_text(req.context, req.user_text))
+def teacher_prompt_ids(tokenizer, context: str, user_text: str) -> list[int]:
+    return chat_ids(tokenizer, teacher_user_text(context, user_text))
 
 
-def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0, bf16: bool = True) -> Scorer:
-    """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode), in the
-    update's precision: bf16 autocast on CUDA when `bf16` (GRPOConfig.bf16), so the teacher−student gap carries no
-    precision difference; float32 on CPU."""
+def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0,
+              bf16: bool = True) -> Scorer:
+    """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode), in
+    the update's precision: bf16 autocast on CUDA when `bf16` (GRPOConfig.bf16), so the teacher−student gap
+    carries no precision difference; float32 on CPU."""
     @torch.no_grad()
     def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in prompts]
         device = next(model.parameters()).device
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
+        on_cuda = bf16 and device.type == "cuda"
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
         was_training = model.training
         model.eval()
         for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
@@ -122,16 +120,19 @@ def vllm_scorer(engine, temperature: float = 1.0) -> Scorer:
 
 
 def candidate_ids(tokenizer, action: str) -> list[int]:
-    """The candidate action's response tokens, EOS included: what restricted decoding samples for that action."""
-    return tokenizer(envs.action_response(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    """The candidate action's response tokens, EOS included: what restricted decoding samples for that
+    action."""
+    ids = tokenizer(envs.action_response(action), add_special_tokens=False)["input_ids"]
+    return ids + [tokenizer.eos_token_id]
 
 
 def oracle_logprobs(sample_logprobs: list[float], response_ids: list[int], candidate: list[int],
                     alpha: float) -> list[float]:
-    """log p_T(y_t | y_<t) of the oracle teacher (1−α)·π_s + α·δ_c on the student's tokens y (module docstring)."""
+    """log p_T(y_t | y_<t) of the oracle teacher (1−α)·π_s + α·δ_c on the student's tokens y (module
+    docstring)."""
     lp = torch.tensor(sample_logprobs, dtype=torch.float64)                       # (R,) log π_s(y_t | y_<t)
     R = len(response_ids)
-    c = torch.tensor((candidate + [-1] * R)[:R])                                  # (R,) c, padded past its end
+    c = torch.tensor((candidate + [-1] * R)[:R])                                  # (R,) c, padded
     same = torch.cumprod((torch.tensor(response_ids) == c).long(), 0).bool()     # (R,) y_≤t = c_≤t
     same_before = torch.cat([torch.ones(1, dtype=torch.bool), same[:-1]])        # (R,) y_<t = c_<t
     S = torch.cumsum(lp, 0)                                                       # (R,) log π_s(y_≤t)
@@ -140,83 +141,81 @@ def oracle_logprobs(sample_logprobs: list[float], response_ids: list[int], candi
     log_1a = math.log1p(-alpha) if alpha < 1 else -math.inf                       # log(1 − α)
     num = torch.logaddexp(log_1a + S, torch.zeros_like(S).masked_fill(~same, -math.inf) + log_a)
     den = torch.logaddexp(log_1a + S_before, torch.zeros_like(S).masked_fill(~same_before, -math.inf) + log_a)
-    out = torch.where(same_before, num - den, lp)                                 # y left c earlier: the student's
+    out = torch.where(same_before, num - den, lp)                                 # y left c: the student
     out = torch.where(torch.isfinite(out), out, torch.full_like(out, ORACLE_FLOOR))  # α = 1 where y leaves c
     return out.tolist()
 
 
-def score(tokenizer, requests: list[TeacherRequest], cfg: TeacherConfig, scorer: Scorer,
-          prompts: list[list[int]] | None = None):
-    """Teacher log-probs of each request's response tokens (None for over-length prompts) and stats. `prompts`: the
-    requests' teacher prompt ids when the caller has them. With cfg.oracle > 0 nothing is scored (oracle_logprobs)."""
+def score(prompts: list[list[int]], turns: list[Turn], cfg: TeacherConfig, scorer: Scorer,
+          candidates: list[list[int]] | None = None):
+    """Teacher log-probs of each turn's response tokens after its teacher prompt (None where the prompt is
+    over the budget) and stats. With cfg.oracle > 0 nothing is scored: the oracle's log-probs of the turns'
+    `candidates`."""
     t0 = time.perf_counter()
-    prompts = prompts if prompts is not None else [teacher_prompt_ids(tokenizer, r) for r in requests]
     ok = [i for i, p in enumerate(prompts) if len(p) <= cfg.max_prompt_tokens]
-    out: list[list[float] | None] = [None] * len(requests)
+    out: list[list[float] | None] = [None] * len(turns)
     if ok and cfg.oracle > 0:
         for i in ok:
-            out[i] = oracle_logprobs(requests[i].sample_logprobs, requests[i].response_ids,
-                                     requests[i].candidate_ids, cfg.oracle)
+            out[i] = oracle_logprobs(turns[i].sample_logprobs, turns[i].response_ids, candidates[i],
+                                     cfg.oracle)
     elif ok:
-        restricted = [requests[i].allowed for i in ok] if any(r.allowed is not None for r in requests) else None
-        for i, lp in zip(ok, scorer([prompts[i] for i in ok], [requests[i].response_ids for i in ok], restricted)):
+        restricted = [turns[i].allowed for i in ok] if any(t.allowed is not None for t in turns) else None
+        scored = scorer([prompts[i] for i in ok], [turns[i].response_ids for i in ok], restricted)
+        for i, lp in zip(ok, scored):
             out[i] = lp
     scored = ok if cfg.oracle == 0 else []
-    stats = {"sd/over_length_turns": len(requests) - len(ok),
-             "sd/teacher_tokens": sum(len(prompts[i]) + len(requests[i].response_ids) for i in scored),
+    stats = {"sd/over_length_turns": len(turns) - len(ok),
+             "sd/teacher_tokens": sum(len(prompts[i]) + len(turns[i].response_ids) for i in scored),
              "sd/teacher_time_s": time.perf_counter() - t0}
     return out, stats
 
 
-def teacher_signal(turns: list, matches: list, context: str, tokenizer, cfg: TeacherConfig, scorer: Scorer):
-    """Teacher log-probs for matched turns (None elsewhere and for over-length prompts) and summable sd/ counts.
-    `turns` are rollout.Turns (user_text, signature, response_ids, sample_logprobs, prompt_ids, allowed,
-    admissible), `context` the variant."""
-    picked = [i for i, m in enumerate(matches) if m is not None]
-    if cfg.oracle > 0 and any(matches[i].ref is None for i in picked):
-        raise ValueError("--teacher.oracle needs a reference candidate on every routed turn (not matcher `every`)")
-    with_skills = "skills" in router.CONTEXT_BLOCKS[context]  # skill text: by the turn's env and task type
-    requests = [TeacherRequest(turns[i].user_text,
-                               router.teacher_context(context, matches[i].ref, matches[i], turns[i].signature,
-                                                      router.skill_text(turns[i].task.env, turns[i].task.task_type)
-                                                      if with_skills else ""),
-                               turns[i].response_ids, turns[i].allowed, turns[i].sample_logprobs,
-                               candidate_ids(tokenizer, matches[i].candidate) if cfg.oracle > 0 else None)
-                for i in picked]
-    prompts = [teacher_prompt_ids(tokenizer, r) for r in requests]
-    scored, stats = score(tokenizer, requests, cfg, scorer, prompts)
-    teacher_lp: list[list[float] | None] = [None] * len(turns)
+def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfig, scorer: Scorer) -> dict:
+    """Sets `teacher_logprobs` on the matched turns (turn.match; None stays elsewhere and on over-length
+    prompts) and returns summable sd/ counts. `context` is the teacher-context variant
+    (router.CONTEXT_BLOCKS)."""
+    picked = [t for t in turns if t.match is not None]
+    if cfg.oracle > 0 and any(t.match.ref is None for t in picked):
+        raise ValueError("--teacher.oracle needs a reference candidate on every routed turn (not matcher "
+                         "every-turn)")
+    with_skills = "skills" in router.context_blocks(context)  # skill text: by the turn's env and task type
+    prompts = [teacher_prompt_ids(tokenizer, router.teacher_context(
+        context, t.match.ref, t.match, t.step.signature,
+        router.skill_text(t.task.env, t.task.task_type) if with_skills else ""), t.user_text) for t in picked]
+    candidates = [candidate_ids(tokenizer, t.match.candidate) for t in picked] if cfg.oracle > 0 else None
+    scored, stats = score(prompts, picked, cfg, scorer, candidates)
     gap_sum = 0.0
-    for i, lp in zip(picked, scored):
-        teacher_lp[i] = lp
+    for t, lp in zip(picked, scored):
+        t.teacher_logprobs = lp
         if lp is not None:
-            gap_sum += sum(a - b for a, b in zip(lp, turns[i].sample_logprobs))
-    distilled = [i for i in picked if teacher_lp[i] is not None]
+            gap_sum += sum(a - b for a, b in zip(lp, t.sample_logprobs))
+    distilled = [(t, p) for t, p in zip(picked, prompts) if t.teacher_logprobs is not None]
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
-                  "sd/distilled_tokens": sum(len(turns[i].response_ids) for i in distilled)})
+                  "sd/distilled_tokens": sum(len(t.response_ids) for t, _ in distilled)})
     if cfg.candidate_gain:
-        stats.update(candidate_gain(turns, matches, distilled, dict(zip(picked, prompts)), tokenizer, cfg, scorer))
-    return teacher_lp, stats
+        stats.update(candidate_gain(distilled, tokenizer, cfg, scorer))
+    return stats
 
 
-def candidate_gain(turns: list, matches: list, distilled: list[int], prompts: dict, tokenizer, cfg: TeacherConfig,
+def candidate_gain(distilled: list[tuple[Turn, list[int]]], tokenizer, cfg: TeacherConfig,
                    scorer: Scorer) -> dict:
-    """Summable sd/candidate_gain counts: over the distilled turns whose match has a candidate c (under restricted
-    decoding: an admissible one, else it has probability 0), Σ_t log π_T(c_t) − log π_θ(c_t) over c's tokens, the
-    teacher on the turn's teacher prompt (`prompts`, by turn index), the student on its ordinary prompt, both
-    through `scorer` with the allowed ids the turn's trie gives c (as rollout builds it). The oracle teacher needs
-    no forward: summed over c its conditionals give log((1−α)·π_θ(c) + α)."""
+    """Summable sd/candidate_gain counts: over the distilled turns (each with its teacher prompt ids) whose
+    match has a candidate c (under restricted decoding: an admissible one, else it has probability 0), Σ_t log
+    π_T(c_t) − log π_θ(c_t) over c's tokens, the teacher on the turn's teacher prompt, the student on its
+    ordinary prompt, both through `scorer` with the allowed ids the turn's trie gives c (as rollout builds
+    it). The oracle teacher needs no forward: summed over c its conditionals give log((1−α)·π_θ(c) + α)."""
     t0 = time.perf_counter()
-    rows = [i for i in distilled if matches[i].ref is not None
-            and (turns[i].allowed is None or matches[i].candidate in turns[i].admissible)]
-    cands = [candidate_ids(tokenizer, matches[i].candidate) for i in rows]
-    allowed = [None if turns[i].allowed is None else allowed_per_position(
-        action_trie(tokenizer, [envs.action_response(a) for a in turns[i].admissible]), c) for i, c in zip(rows, cands)]
+    rows = [(t, p) for t, p in distilled if t.match.ref is not None
+            and (t.allowed is None or t.match.candidate in t.admissible)]
+    cands = [candidate_ids(tokenizer, t.match.candidate) for t, _ in rows]
+    allowed = [None if t.allowed is None else allowed_per_position(
+        action_trie(tokenizer, [envs.action_response(a) for a in t.admissible]), c)
+        for (t, _), c in zip(rows, cands)]
     allowed = allowed if any(a is not None for a in allowed) else None
-    student = scorer([turns[i].prompt_ids for i in rows], cands, allowed) if rows else []
+    student = scorer([t.prompt_ids for t, _ in rows], cands, allowed) if rows else []
     if cfg.oracle > 0:
         teacher = [oracle_logprobs(lp, c, c, cfg.oracle) for lp, c in zip(student, cands)]
     else:
-        teacher = scorer([prompts[i] for i in rows], cands, allowed) if rows else []
+        teacher = scorer([p for _, p in rows], cands, allowed) if rows else []
     return {"sd/candidate_gain_sum": sum(sum(t) - sum(s) for t, s in zip(teacher, student)),
             "sd/candidate_turns": len(rows), "sd/candidate_gain_time_s": time.perf_counter() - t0}

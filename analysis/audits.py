@@ -1,5 +1,8 @@
-"""Matching-quality audits on a run's rollout archive (written by the trainer with rollout.write_archive to
-output_dir/rollouts.jsonl.gz).
+"""Matching-quality audits on a run's rollout archive (output_dir/rollouts.jsonl.gz), and the archive's rows.
+
+- `archive_rows(step, episodes, bank, cfg, max_turns)`: what the trainer archives of a step for these audits: every
+  turn with its routing decision and, re-routed on the same bank, both audited matchers' matches (nothing when the
+  run keeps no archive, max_turns = 0); written with scale/run_logs.write_archive.
 
 - `matcher_comparison(rows)`: on the same archived turns, coverage of the `structured` and `history` matchers, the
   share of each one's matches that the other reproduces (matches the same turn), and, on the common matches, how
@@ -21,6 +24,7 @@ Choices (numbered):
    task order so loaded games are reused.
 """
 import copy
+import dataclasses
 import json
 import random
 import time
@@ -32,9 +36,13 @@ from tqdm import tqdm
 
 import envs
 import rollout
-from router import as_signature
+import router
+from records import Match
+from router import RouterConfig, as_signature
+from scale.run_logs import read_archive
 
 MATCH_KEYS = {"structured": "structured", "history": "history_match", "routed": "match"}  # matcher -> archive column
+AUDIT_MAX_STEPS = 10_000  # choice 1: the step limit lifted
 
 
 @dataclass
@@ -50,6 +58,44 @@ class AuditArgs:
     """sampling seed"""
     output: str = ""
     """JSON output (default: RUN/audit.json)"""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The archive's rows (written by the trainer every step)
+
+
+def _match_json(m: Match | None) -> dict | None:
+    """A Match as JSON: the reference, the position, its signature there, the candidate and the suffix."""
+    if m is not None and m.ref is None:  # matcher `every` on a task without a reference
+        return {"ref": None, "position": None, "candidate": None, "ref_signature": None, "ref_suffix": []}
+    return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
+                                   "ref_signature": m.ref.steps[m.position].signature,
+                                   "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
+
+
+def archive_rows(step: int, episodes: list[rollout.Episode], bank: router.ReferenceBank, cfg: RouterConfig,
+                 max_turns: int) -> list[dict]:
+    """Every turn with its task, action, signature, history key, routing decision (turn.match), both audited
+    matchers' matches on the same turns and bank (the run's own when its matcher is one of them: the same
+    deterministic function), reward and the episode's success; [] when the run keeps no archive."""
+    if not max_turns:
+        return []
+    turns = [t for ep in episodes for t in ep.turns]
+    audited = {}
+    for name in ("structured", "history"):  # deterministic matchers: the rng is never drawn from
+        audited[name] = [t.match for t in turns] if cfg.matcher == name else router.route(
+            turns, bank, dataclasses.replace(cfg, matcher=name), random.Random(0))
+    pairs = [(ep, t) for ep in episodes for t in ep.turns]
+    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
+             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation, "action": t.step.action,
+             "valid": t.valid, "signature": t.step.signature, "history_key": t.step.history_key,
+             "routed": t.match is not None, "match": _match_json(t.match),
+             "structured": _match_json(audited["structured"][i]), "history_match": _match_json(audited["history"][i]),
+             "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret} for i, (ep, t) in enumerate(pairs)]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The audits
 
 
 def _share(a: int, b: int) -> float | None:
@@ -79,7 +125,7 @@ def matcher_comparison(rows: list[dict]) -> dict:
 
 def audit_env_config(env_cfg):
     cfg = copy.deepcopy(env_cfg)
-    cfg.max_steps = 10_000  # choice 1
+    cfg.max_steps = AUDIT_MAX_STEPS  # choice 1
     if hasattr(cfg, "game_cache_size"):
         cfg.game_cache_size = max(cfg.game_cache_size, 16)
     return cfg
@@ -169,12 +215,12 @@ def format_audit(comparison: dict, replay: dict) -> str:
 
 
 def run_audit(args: AuditArgs, cfg) -> dict:
-    """`cfg`: the run's smrc.Config (evaluate.py reads it from the run directory)."""
+    """`cfg`: the run's config.Config (evaluate.py reads it from the run directory)."""
     run = Path(args.run)
     path = run / "rollouts.jsonl.gz"
     if not path.exists():
         raise SystemExit(f"no rollout archive at {path} (train with --archive-max-turns > 0)")
-    rows = rollout.read_archive(path)
+    rows = read_archive(path)
     comparison = matcher_comparison(rows)
     replay = replay_audit(rows, cfg.env_cfg, args.matchers, args.samples, args.seed)
     text = format_audit(comparison, replay)

@@ -48,18 +48,18 @@ from tqdm import tqdm
 
 import envs
 import router
-import smrc
+from config import Config, config_from_run
 # InterveneArgs is re-exported: evaluate.py imports it from here
 from analysis.intervention_states import InterveneArgs, State, build_states, reference_source  # noqa: F401
 from models import action_trie, allowed_per_position, chat_ids
-from teacher import TeacherRequest, teacher_prompt_ids
+from teacher import teacher_prompt_ids
 
 
-def run_config(args: InterveneArgs) -> smrc.Config:
+def run_config(args: InterveneArgs) -> Config:
     """The run's settings (choice 3) in the environment `args.env`; a config asking for reasoning is refused
     (choice 1)."""
     ckpt = Path(args.model)
-    cfg = smrc.config_from_run(ckpt if (ckpt / "smrc_config.json").is_file() else None, args.preset)
+    cfg = config_from_run(ckpt if (ckpt / "smrc_config.json").is_file() else None, args.preset)
     cfg.env = args.env or cfg.env
     if cfg.env_cfg.require_think:
         raise SystemExit("error: intervene fixes the response to `<action>...</action>`; a config with "
@@ -109,11 +109,11 @@ def response_logprobs(model, prompt_ids: list[int], responses: list[list[int]], 
     return free, restricted
 
 
-def score_state(model, tokenizer, st: State, context: str | None, cfg: smrc.Config, args: InterveneArgs) -> dict | None:
+def score_state(model, tokenizer, st: State, context: str | None, cfg: Config, args: InterveneArgs) -> dict | None:
     """Log-prob of the fixed response of the correct action (choice 2), free and restricted, and its rank by the
     primary measure among the admissible responses (None if the prompt is too long)."""
     prompt = (chat_ids(tokenizer, st.user_text) if context is None
-              else teacher_prompt_ids(tokenizer, TeacherRequest(st.user_text, context, [])))
+              else teacher_prompt_ids(tokenizer, context, st.user_text))
     if len(prompt) > args.max_prompt_tokens:
         return None
     actions = st.admissible if args.rank else [st.correct]
@@ -129,13 +129,13 @@ def score_state(model, tokenizer, st: State, context: str | None, cfg: smrc.Conf
 
 
 CONDITIONS = {  # name -> (state kind, teacher context of a state given the placebo trajectory)
-    "fullpath_matched": ("matched", lambda st, other: router.teacher_context("fullpath", st.ref, None, st.signature)),
-    "smrc_matched": ("matched", lambda st, other: router.teacher_context("full", st.ref, st.match, st.signature)),
-    "placebo_matched": ("matched", lambda st, other: router.teacher_context("fullpath", other, None, st.signature)),
+    "fullpath_matched": ("matched", lambda st, other: router.teacher_context("trajectory", st.ref, None, st.signature)),
+    "smrc_matched": ("matched", lambda st, other: router.teacher_context("smrc", st.ref, st.match, st.signature)),
+    "placebo_matched": ("matched", lambda st, other: router.teacher_context("trajectory", other, None, st.signature)),
     "fullpath_mismatched": ("mismatched",
-                            lambda st, other: router.teacher_context("fullpath", st.ref, None, st.signature)),
+                            lambda st, other: router.teacher_context("trajectory", st.ref, None, st.signature)),
     "placebo_mismatched": ("mismatched",
-                           lambda st, other: router.teacher_context("fullpath", other, None, st.signature)),
+                           lambda st, other: router.teacher_context("trajectory", other, None, st.signature)),
 }
 MEASURES = ("logp", "logp_free")  # the primary measure (restricted under the admissible action space) and free
 
@@ -235,7 +235,7 @@ def markdown(summary: dict, primary: str) -> str:
     return "\n".join(lines)
 
 
-def score_all(model, tokenizer, states: list[State], refs: list[router.Trajectory], cfg: smrc.Config,
+def score_all(model, tokenizer, states: list[State], refs: list[router.Trajectory], cfg: Config,
               args: InterveneArgs) -> dict:
     """{(state index, condition): score} for the `none` baseline and every condition of the state's kind."""
     placebo = {ref.task_id: refs[(i + 1) % len(refs)] for i, ref in enumerate(refs)}  # choice 4

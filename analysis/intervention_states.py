@@ -54,10 +54,12 @@ from tqdm import tqdm
 import envs
 import rollout
 import router
-import smrc
+from config import Config
 from environments.alfworld import normalise_action
 from environments.pool import EnvPool
 from models import HFEngine
+from records import Step, Turn
+from scale.checkpoint import derived_seed
 
 
 @dataclass
@@ -147,7 +149,7 @@ RULES = {"alfworld": StateRules(("look", "inventory", "examine", "help"), normal
                                webshop_form)}  # the sub-pages: information only, as ALFWorld's examine
 
 
-def env_config(args: InterveneArgs, cfg: smrc.Config) -> envs.EpisodeConfig:
+def env_config(args: InterveneArgs, cfg: Config) -> envs.EpisodeConfig:
     """The run's settings of its environment `cfg.env` (step limit, prompt, think); ALFWorld on the games the
     intervention asks for (game i of a split does not depend on how many are generated)."""
     if cfg.env == "webshop":
@@ -166,11 +168,11 @@ def with_fields(env_cfg: envs.EpisodeConfig, **fields) -> envs.EpisodeConfig:
 # References
 
 
-def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: smrc.Config, attempts: int, seed: int,
+def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: Config, attempts: int, seed: int,
                       engine=None, tasks_per_batch: int = 4) -> dict[str, router.Trajectory]:
     """{task_id: the first of `attempts` sampled episodes that won}, as router.Trajectory (rollout.to_trajectory, as
     the trainer's bank). Envs run in-process: the model is already loaded, a fork would copy its threads. Batch b
-    samples under torch seed seed * 1_000_003 + b (evaluate.py's panels do the same)."""
+    samples under torch seed derived_seed(seed, stream=b) (evaluate.py's panels do the same)."""
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=attempts))
     engine = engine or HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
     refs = {}
@@ -178,9 +180,9 @@ def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: smrc.Config
     try:
         batches = [tasks[i:i + tasks_per_batch] for i in range(0, len(tasks), tasks_per_batch)]
         for b, batch in enumerate(tqdm(batches, desc="policy references")):
-            torch.manual_seed(seed * 1_000_003 + b)
-            episodes, _ = rollout.collect_rollouts(engine, pool, tokenizer, batch, cfg, tag=f"policy{b}",
-                                                   show_progress=False)
+            torch.manual_seed(derived_seed(seed, stream=b))
+            episodes, _ = rollout.collect_rollouts(engine, pool, tokenizer, batch, cfg.rollout, cfg.env_cfg,
+                                                   tag=f"policy{b}", show_progress=False)
             for ep in episodes:  # attempts in order: traj_id policy{b}-{task}-{attempt}
                 if ep.won and ep.task.task_id not in refs:
                     refs[ep.task.task_id] = rollout.to_trajectory(ep)
@@ -228,10 +230,9 @@ def reference_source(ref: router.Trajectory) -> str:
 # States
 
 
-def _turn(task: envs.Task, ep: rollout.Episode) -> router.Turn:
+def _turn(task: envs.Task, ep: rollout.Episode) -> Turn:
     """The student turn of the state `ep` reached, as the router sees it."""
-    return router.Turn(task.task_id, "student", len(ep.turns), router.Step(ep.signature, ep.history_key,
-                                                                           ep.observation, ""))
+    return Turn(task, "student", len(ep.turns), Step(ep.signature, ep.history_key, ep.observation, ""))
 
 
 def _prompt(ep: rollout.Episode, env_cfg: envs.EpisodeConfig) -> str:
@@ -326,7 +327,7 @@ def mismatched_states(env, task, ref, args: InterveneArgs, rng: random.Random, r
 
 
 def build_states(model, tokenizer, args: InterveneArgs,
-                 cfg: smrc.Config) -> tuple[list[State], dict, list[router.Trajectory], dict]:
+                 cfg: Config) -> tuple[list[State], dict, list[router.Trajectory], dict]:
     """(states, rejected mismatch candidates by reason, references in task order, reference counts)."""
     env_cfg = env_config(args, cfg)
     tasks = envs.load_tasks(env_cfg, args.split)[:args.num_tasks]

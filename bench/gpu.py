@@ -44,6 +44,7 @@ import router  # noqa: E402
 import rollout  # noqa: E402
 import smrc  # noqa: E402
 import teacher  # noqa: E402
+from config import resolve  # noqa: E402
 from embedded import tiny  # noqa: E402
 from environments.alfworld import AlfworldConfig  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
@@ -158,15 +159,15 @@ def run_config(args, algo: str, out: Path) -> smrc.Config:
     """The run's Config: every train game is played every step (their planner solutions are made before timing)."""
     env = AlfworldConfig(source="generated", room_size=args.room, num_train_games=args.tasks, num_eval_games=1,
                          max_steps=args.turns, require_think=False, num_workers=args.workers)
-    return smrc.Config(
+    return resolve(smrc.Config(
         env="alfworld", algo=algo, model=args.arch, seed=args.seed, steps=10**6, save_every=10**6,
         output_dir=str(out / algo), archive_max_turns=0, device=args.device, alfworld=env,
-        rollout=smrc.RolloutConfig(tasks_per_step=args.tasks, group_size=args.group, gen_batch_size=args.gen_batch,
-                                   max_prompt_tokens=args.max_prompt_tokens,
-                                   sampling=SamplingConfig(max_new_tokens=args.new_tokens,
-                                                           static_cache=args.static_cache)),
+        rollout=rollout.RolloutConfig(tasks_per_step=args.tasks, group_size=args.group, gen_batch_size=args.gen_batch,
+                                      max_prompt_tokens=args.max_prompt_tokens,
+                                      sampling=SamplingConfig(max_new_tokens=args.new_tokens,
+                                                              static_cache=args.static_cache)),
         grpo=grpo.GRPOConfig(micro_batch_tokens=args.micro_batch_tokens, grad_checkpointing=args.grad_checkpointing),
-        teacher=teacher.TeacherConfig(micro_batch_tokens=args.micro_batch_tokens))
+        teacher=teacher.TeacherConfig(micro_batch_tokens=args.micro_batch_tokens)))
 
 
 def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:

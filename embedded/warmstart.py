@@ -143,19 +143,18 @@ def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[st
     trajectories = [rollout.to_trajectory(ep, f"reference-{k}") for k, (ep, _) in enumerate(refs)]
     examples = [Example(t.user_text, label) for ep, labels in students for t, label in zip(ep.turns, labels)]
     seen, rotation = set(), rng.randrange(len(CONTEXTS))
-    for k, (ep, labels) in enumerate(students):
+    for ep, labels in students:
         for t, label in zip(ep.turns, labels):
-            step = router.Step(t.signature, t.history_key, t.observation, t.action)
             for ref in trajectories:
-                match = router.match_structured(router.Turn(task.task_id, f"student-{k}", t.index, step), [ref])
+                match = router.match_structured(t, [ref])
                 if match is None or (t.user_text, ref.traj_id) in seen:
                     continue
                 seen.add((t.user_text, ref.traj_id))
                 for _ in range(recipe.context_formats):
                     fmt, rotation = CONTEXTS[rotation % len(CONTEXTS)], rotation + 1
-                    context = router.teacher_context(fmt, ref, match, t.signature)
+                    context = router.teacher_context(fmt, ref, match, t.step.signature)
                     examples.append(Example(teacher_user_text(context, t.user_text), match.candidate, fmt,
-                                            phase(task, t.signature), label))
+                                            phase(task, t.step.signature), label))
     return examples
 
 

@@ -362,8 +362,17 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank, guards: dict | None =
     return state["step"]
 
 
+SEED_STRIDE, STEP_STRIDE = 1_000_003, 101  # derived seeds: seed·SEED_STRIDE + step·STEP_STRIDE + stream + rank
+
+
+def derived_seed(seed: int, step: int = 0, rank: int = 0, stream: int = 0) -> int:
+    """The one formula every torch seed of a run derives from (steps, validation, evaluation panels), so a resumed
+    run and a re-run evaluation replay the same numbers."""
+    return seed * SEED_STRIDE + step * STEP_STRIDE + stream + rank
+
+
 def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
-    """Every step's randomness derives from (seed, step, rank), so a resumed run replays the same numbers."""
-    torch.manual_seed(seed * 1_000_003 + step * 101 + rank)
-    np.random.seed((seed * 1_000_003 + step * 101 + rank) % 2**32)
+    """Seed torch and numpy for a training step from (seed, step, rank); returns the step's Python RNG (routing)."""
+    torch.manual_seed(derived_seed(seed, step, rank))
+    np.random.seed(derived_seed(seed, step, rank) % 2**32)
     return random.Random(f"{seed}-{step}-{rank}")

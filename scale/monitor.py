@@ -16,6 +16,7 @@ cause; the rows and checkpoints written before stay, and the run stops cleanly (
 
 import dataclasses
 import json
+from dataclasses import dataclass
 import math
 import os
 import shutil
@@ -25,14 +26,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import envs
 import rollout
-from scale.checkpoint import write_checksums, write_folder
+from scale.checkpoint import derived_seed, write_checksums, write_folder
 from scale.distributed import full_state_dict, unwrap
+from scale.run_logs import write_archive
 from scale.safe_io import append_line, stop_on_io_error
 
+VALIDATION_STREAM = 7  # validation samples under its own torch seed stream (derived_seed), apart from the step's
 
-def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank) -> None:
-    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it, print."""
+
+@dataclass
+class Validation:
+    """The run's in-loop validation: a fixed panel played once per task at `temperature` with the run's rollout and
+    environment settings; rows go to out/metrics.jsonl."""
+    panel: list[envs.Task]
+    rollout: rollout.RolloutConfig
+    env_cfg: envs.EpisodeConfig
+    temperature: float
+    seed: int
+    out: Path
+    steps: int  # the run's last step (for the printed line)
+
+
+def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict, bank, archive_cap: int) -> None:
+    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it with the
+    gathered archive rows (up to `archive_cap` turns in all), print it."""
     def total(key, sub):
         return sum(r[key][sub] for r in everyone)
     stats = [st for r in everyone for st in r["rollout"]]
@@ -40,8 +59,8 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
     counters = {k: total("counters", k) for k in everyone[0]["counters"]}
     dt = max(r["times"]["step_s"] for r in everyone)
     with stop_on_io_error(out / "rollouts.jsonl.gz"):
-        dropped = rollout.write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
-                                        cfg.archive_max_turns) if cfg.archive_max_turns else 0
+        dropped = write_archive(out / "rollouts.jsonl.gz", [x for r in everyone for x in r["rows"]],
+                                archive_cap) if archive_cap else 0
     m = {"step": step, **rollout.rollout_metrics(stats, counters),
          "router/match_rate": total("route", "router/matched_turns") / max(n_turns, 1),
          **{k: total("route", k) for k in everyone[0]["route"]}, **bank.metrics(),
@@ -61,7 +80,7 @@ def log_step(out: Path, step: int, cfg, everyone: list[dict], actor: dict, bank)
          "time/peak_gpu_mem_gb": max(r["times"]["peak_mem_gb"] for r in everyone),
          "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
     append_line(out / "metrics.jsonl", json.dumps(m))
-    print(f"step {step}/{cfg.steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
+    print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
           f"gap {m['sd/teacher_minus_student_logp']:.3f} | cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
           f"grad sd/grpo {actor.get('actor/sd_grpo_grad_ratio', math.nan):.3f} | {dt:.1f}s "
@@ -86,16 +105,16 @@ def sd_diagnostics(everyone: list[dict]) -> dict:
     return out
 
 
-def validate(cfg, engine, pool, tokenizer, panel: list, step: int, world) -> dict | None:
-    """One attempt per panel task (each rank plays its shard) at cfg.eval_temperature; the row on rank 0 (else
-    None), also appended to metrics.jsonl there."""
+def validate(v: Validation, engine, pool, tokenizer, step: int, world) -> dict | None:
+    """One attempt per panel task (each rank plays its shard) at v.temperature; the row on rank 0 (else None), also
+    appended to metrics.jsonl there."""
     t0 = time.perf_counter()
-    vcfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=1))
     saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, temperature=cfg.eval_temperature)
-    torch.manual_seed(cfg.seed * 1_000_003 + step * 101 + 7 + world.rank)
+    engine.cfg = dataclasses.replace(saved, temperature=v.temperature)
+    torch.manual_seed(derived_seed(v.seed, step, world.rank, VALIDATION_STREAM))
     try:
-        eps, _ = rollout.collect_rollouts(engine, pool, tokenizer, world.shard(panel), vcfg,
+        eps, _ = rollout.collect_rollouts(engine, pool, tokenizer, world.shard(v.panel),
+                                          dataclasses.replace(v.rollout, group_size=1), v.env_cfg,
                                           tag=f"val{step}r{world.rank}", show_progress=False)
     finally:
         engine.cfg = saved
@@ -105,18 +124,18 @@ def validate(cfg, engine, pool, tokenizer, panel: list, step: int, world) -> dic
         return None
     row = {"step": step, "val/success_rate": float(np.mean([d[1] for d in done])),
            "val/score": float(np.mean([d[2] for d in done])), "val/turns": float(np.mean([d[3] for d in done])),
-           "val/tasks": len(done), "val/temperature": cfg.eval_temperature, "time/val_s": time.perf_counter() - t0}
+           "val/tasks": len(done), "val/temperature": v.temperature, "time/val_s": time.perf_counter() - t0}
     for tt in sorted({d[0] for d in done}):
         row[f"val/success/{tt}"] = float(np.mean([d[1] for d in done if d[0] == tt]))
-    append_line(Path(cfg.output_dir) / "metrics.jsonl", json.dumps(row))
-    print(f"val {step}/{cfg.steps} | success {row['val/success_rate']:.3f} | score {row['val/score']:.3f} on "
-          f"{len(done)} tasks at T={cfg.eval_temperature}", flush=True)
+    append_line(v.out / "metrics.jsonl", json.dumps(row))
+    print(f"val {step}/{v.steps} | success {row['val/success_rate']:.3f} | score {row['val/score']:.3f} on "
+          f"{len(done)} tasks at T={v.temperature}", flush=True)
     return row
 
 
 def save_best(out: Path, model, tokenizer, cfg, row: dict | None, world) -> bool:
     """If `row` beats best.json's (success rate, then score; ties keep the earlier step), write the weights to
-    out/best/ (a temporary folder renamed into place) and best.json. Collective under torchrun (the full weights
+    out/best/ (a temporary folder renamed into place, with the run's config `cfg` as smrc_config.json) and best.json. Collective under torchrun (the full weights
     are gathered on every rank); rank 0 decides and writes. Returns whether it was written."""
     best = out / "best.json"
     better = False

@@ -1,4 +1,4 @@
-"""Checkpoints and resume (scale/checkpoint.py, scale/preflight.py, rollout.trim_logs) on the embedded tiny model, in
+"""Checkpoints and resume (scale/checkpoint.py, scale/preflight.py, scale/run_logs.trim_logs) on the embedded tiny model, in
 process: checksums and a weights_only trainer state, nothing non-finite saved, rotation by step number, a fresh run
 refusing a used folder, verified resume naming the bad file and the intact older checkpoint, a full disk, log repair.
 
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import rollout
 import router
 from scale import checkpoint as ck
+from scale import run_logs
 from scale.distributed import World
 from scale.preflight import prepare_output_dir
 
@@ -195,7 +195,7 @@ def _rows(steps):
 def test_torn_metrics_line_is_dropped_counted_and_complete_rows_kept(tmp_path, capsys):
     rows = _rows([1, 2, 3])
     (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n" + rows[0][:9])  # a kill mid-append
-    rollout.trim_logs(tmp_path, 2)
+    run_logs.trim_logs(tmp_path, 2)
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == rows[:2]
     assert (tmp_path / "metrics.after_step_2.jsonl").read_text().splitlines() == rows[2:]
     assert "1 partial rows dropped" in capsys.readouterr().out
@@ -204,11 +204,11 @@ def test_torn_metrics_line_is_dropped_counted_and_complete_rows_kept(tmp_path, c
 def test_truncated_archive_keeps_every_complete_row(tmp_path, capsys):
     path = tmp_path / "rollouts.jsonl.gz"
     for step in (1, 2, 3):  # one gzip member per append, as write_archive does
-        assert rollout.write_archive(path, [json.loads(r) for r in _rows([step] * 50)], 10**6) == 0
+        assert run_logs.write_archive(path, [json.loads(r) for r in _rows([step] * 50)], 10**6) == 0
     data = path.read_bytes()
     path.write_bytes(data[:len(data) - 40])  # the last append cut short
-    rollout.trim_logs(tmp_path, 3)
-    kept = rollout.read_archive(path)
+    run_logs.trim_logs(tmp_path, 3)
+    kept = run_logs.read_archive(path)
     assert [r["step"] for r in kept[:100]] == [1] * 50 + [2] * 50 and {r["step"] for r in kept} <= {1, 2, 3}
     assert 100 <= len(kept) < 150 and (tmp_path / "rollouts.jsonl.count").read_text() == str(len(kept))
     assert "partial rows dropped" in capsys.readouterr().out
@@ -219,9 +219,9 @@ def test_truncated_archive_keeps_every_complete_row(tmp_path, capsys):
 def test_resuming_twice_from_one_step_keeps_both_set_aside_files(tmp_path):
     first, second = _rows([1, 2, 3]), _rows([1, 2, 3, 4])
     (tmp_path / "metrics.jsonl").write_text("\n".join(first) + "\n")
-    rollout.trim_logs(tmp_path, 1)
+    run_logs.trim_logs(tmp_path, 1)
     (tmp_path / "metrics.jsonl").write_text("\n".join(second) + "\n")  # the first resume's attempt, killed again
-    rollout.trim_logs(tmp_path, 1)
+    run_logs.trim_logs(tmp_path, 1)
     assert (tmp_path / "metrics.after_step_1.jsonl").read_text().splitlines() == first[1:]
     assert (tmp_path / "metrics.after_step_1.2.jsonl").read_text().splitlines() == second[1:]
     assert not list(tmp_path.glob("*.tmp"))

@@ -19,7 +19,8 @@ import torch.distributed as td
 import torch.multiprocessing as tmp_mp
 
 import grpo
-from grpo import GRPOConfig, Sample
+from fakes import sample
+from grpo import GRPOConfig
 from scale.distributed import World, close, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-si
 
 def _samples():
     g = torch.Generator().manual_seed(3)
-    return [Sample(torch.randint(3, 500, (n,), generator=g).tolist(), torch.randint(3, 500, (r,), generator=g).tolist(),
+    return [sample(torch.randint(3, 500, (n,), generator=g).tolist(), torch.randint(3, 500, (r,), generator=g).tolist(),
                    a, [-7.0] * r, [-6.5] * r if i % 2 else None)
             for i, (n, r, a) in enumerate([(5, 3, 1.0), (9, 6, -1.0), (17, 2, 0.5), (4, 8, -0.2), (12, 5, 2.0),
                                            (7, 7, -0.7)])]
@@ -38,7 +39,8 @@ def _samples():
 
 def _grads(model, samples, world=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    grpo.update(model, opt, samples, GRPOConfig(kl_coef=0.0, max_grad_norm=1e9), pad_id=0, world=world)
+    cfg = GRPOConfig(kl_coef=0.0, max_grad_norm=1e9, sd_loss="reverse-kl", sd_coef=1.0)
+    grpo.update(model, opt, samples, cfg, pad_id=0, world=world)
     return torch.cat([p.grad.flatten() for p in grpo_module(model).parameters()])
 
 

@@ -22,8 +22,8 @@ import pytest
 
 import envs
 import evaluate
+import config
 import rollout
-import smrc
 from analysis import audits
 from environments.alfworld import AlfworldConfig
 
@@ -150,21 +150,22 @@ def tiny_checkpoint(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("tiny_run") / "step_000001"
     model.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
-    (ckpt / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(smrc.tiny_preset()), indent=1))
+    (ckpt / "smrc_config.json").write_text(json.dumps(dataclasses.asdict(config.tiny_preset()), indent=1))
     return ckpt
 
 
 def test_config_from_run_restores_a_saved_config_and_reports_unknown_keys(tmp_path, capsys):
-    saved = dataclasses.asdict(smrc.parse_config(["--preset", "tiny", "--env", "webshop", "--webshop.catalog-seed", "3",
-                                                  "--router.matcher", "history"]))
+    saved = dataclasses.asdict(config.parse_config(["--preset", "tiny", "--env", "webshop", "--webshop.catalog-seed",
+                                                    "3", "--router.matcher", "history"]))
     saved["alfworld"]["data_dir"] = ""        # a run saved before ALFWORLD_DATA was set
     saved["from_the_future"] = 1
     (tmp_path / "config.json").write_text(json.dumps(saved))
-    cfg = smrc.config_from_run(tmp_path, "none")
-    assert (cfg.env, cfg.webshop.catalog_seed, cfg.matcher, cfg.model) == ("webshop", 3, "history", "tiny-agent-quick")
-    assert cfg.alfworld.task_types == smrc.tiny_preset().alfworld.task_types  # JSON lists come back as tuples
+    cfg = config.config_from_run(tmp_path, "none")
+    assert (cfg.env, cfg.webshop.catalog_seed, cfg.router.matcher, cfg.model) == ("webshop", 3, "history",
+                                                                       "tiny-agent-quick")
+    assert cfg.alfworld.task_types == config.tiny_preset().alfworld.task_types  # JSON lists come back as tuples
     assert "from_the_future" in capsys.readouterr().out
-    assert smrc.config_from_run(None, "tiny") == smrc.tiny_preset()
+    assert config.config_from_run(None, "tiny") == config.resolve(config.tiny_preset())
 
 
 @pytest.mark.parametrize("env_name", ["alfworld", "webshop"])
@@ -199,8 +200,15 @@ def test_plot_writes_pngs(tmp_path):
         runs += ["--run", str(run)]
     subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "plot", *runs, "--output-dir", str(tmp_path / "p")],
                    check=True, cwd=ROOT, timeout=300)
-    for f in ("training_curves.png", "comparison_bars.png"):
-        assert (tmp_path / "p" / f).stat().st_size > 1000
+    from matplotlib.image import imread
+    curves, bars = imread(tmp_path / "p" / "training_curves.png"), imread(tmp_path / "p" / "comparison_bars.png")
+    assert curves.shape[:2] == (700, 1000) and bars.shape[:2] == (350, 1400)  # the figure sizes at 100 dpi
+
+    def pixels_of(image, hex_colour):  # pixels drawn in a matplotlib cycle colour (C0 = run a, C1 = run b)
+        rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        return int((abs(image[..., :3] - rgb).max(-1) < 0.02).sum())
+    assert pixels_of(curves, "#1f77b4") > 500 and pixels_of(curves, "#ff7f0e") > 500  # a line per run, 4 panels
+    assert pixels_of(bars, "#1f77b4") > 2000 and pixels_of(bars, "#ff7f0e") == 0      # bars: one colour
 
 
 # ------------------------------------------------------------------------------------------- as a user meets it
@@ -246,7 +254,7 @@ def test_user_errors_are_one_line_naming_flags_evaluate_has(tmp_path):
 def test_an_embedded_baseline_alone_gets_its_own_preset_not_the_full_size_defaults():
     for name, preset in (("tiny-agent", "learn"), ("tiny-agent-quick", "tiny")):
         cfg = evaluate.eval_config(evaluate.EvalArgs(baseline=name))
-        want = smrc.PRESETS[preset]()
+        want = config.PRESETS[preset]()
         assert (cfg.alfworld.require_think, cfg.alfworld.max_steps, cfg.rollout.action_space) == \
             (False, want.alfworld.max_steps, "admissible")
     assert evaluate.eval_config(evaluate.EvalArgs(baseline="Qwen/Qwen3-1.7B")).alfworld.require_think  # unchanged

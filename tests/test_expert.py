@@ -69,7 +69,7 @@ def test_reverse_order_expert_wins_and_differs(games):
         ep, labels = warmstart.labelled_episode(env, task, lambda adm, label, e=alfworld_expert.Expert(
             alfworld_expert.goal_of(task), reverse=True): e.act(adm))
         assert ep.won, task.task_id
-        differs += any(t.action != label for t, label in zip(ep.turns, labels))
+        differs += any(t.step.action != label for t, label in zip(ep.turns, labels))
     assert differs >= len(tasks) // 2  # another search order: other choices than the default expert's
 
 

@@ -11,7 +11,13 @@ import torch
 
 import grpo
 import models
-from grpo import GRPOConfig, Sample, grpo_advantages, loss_terms
+from fakes import sample
+from grpo import grpo_advantages, loss_terms
+
+
+def GRPOConfig(**fields) -> grpo.GRPOConfig:
+    """A resolved GRPOConfig, as config.resolve gives the update: the reverse-kl form at λ = 1 unless given."""
+    return grpo.GRPOConfig(**{"sd_loss": "reverse-kl", "sd_coef": 1.0, **fields})
 
 
 def naive_advantages(scores, groups, norm_by_std=True, eps=1e-6):
@@ -83,7 +89,7 @@ class ToyLM(torch.nn.Module):
 def _toy_samples(V=5):
     # 12 sampled single-token responses; the teacher prefers token 0 strongly, token 4 is disliked
     teacher = torch.log_softmax(torch.tensor([3.0, 0.0, 0.0, 0.0, -3.0]), -1)
-    return [Sample([1, 2], [y], 0.0, [math.log(1 / V)], [float(teacher[y])]) for y in [0, 1, 2, 3, 4] * 2 + [0, 4]]
+    return [sample([1, 2], [y], 0.0, [math.log(1 / V)], [float(teacher[y])]) for y in [0, 1, 2, 3, 4] * 2 + [0, 4]]
 
 
 def test_sd_gradient_raises_teacher_preferred_tokens_and_lowers_others():
@@ -99,9 +105,9 @@ def test_sd_gradient_raises_teacher_preferred_tokens_and_lowers_others():
 
 def test_lambda_zero_reproduces_grpo_exactly():
     torch.manual_seed(0)
-    samples = [Sample([1, 2, 3], [4, 1], a, [-1.6, -1.6], tl) for a, tl in
+    samples = [sample([1, 2, 3], [4, 1], a, [-1.6, -1.6], tl) for a, tl in
                [(1.0, [-0.1, -3.0]), (-0.5, None), (0.3, [-2.0, -0.2]), (-1.0, None)]]
-    plain = [Sample(s.prompt_ids, s.response_ids, s.advantage, s.sample_logprobs, None) for s in samples]
+    plain = [sample(s.prompt_ids, s.response_ids, s.advantage, s.sample_logprobs, None) for s in samples]
     base = ToyLM()
     base.logits.data = torch.randn(5)
     models = [copy.deepcopy(base) for _ in range(2)]
@@ -116,7 +122,7 @@ def test_micro_batch_accumulation_equals_one_big_batch(tiny):
     """Peak memory is set by micro_batch_tokens, the result is not: same gradients either way."""
     model, tok = tiny
     torch.manual_seed(1)
-    samples = [Sample(torch.randint(3, 500, (n,)).tolist(), torch.randint(3, 500, (r,)).tolist(), a,
+    samples = [sample(torch.randint(3, 500, (n,)).tolist(), torch.randint(3, 500, (r,)).tolist(), a,
                       [-7.0] * r, [-6.0] * r if a > 0 else None)
                for n, r, a in [(5, 3, 1.0), (9, 6, -1.0), (17, 2, 0.5), (4, 8, -0.2), (12, 5, 2.0)]]
     grads = []
@@ -133,7 +139,7 @@ def test_micro_batch_accumulation_equals_one_big_batch(tiny):
 def test_single_minibatch_is_exactly_on_policy(tiny):
     model, tok = tiny
     m = copy.deepcopy(model)
-    samples = [Sample([5, 6, 7], [8, 9], 1.0, [0.0, 0.0]), Sample([5, 6], [10], -1.0, [0.0])]  # bogus sample lps
+    samples = [sample([5, 6, 7], [8, 9], 1.0, [0.0, 0.0]), sample([5, 6], [10], -1.0, [0.0])]  # bogus sample lps
     out = grpo.update(m, torch.optim.AdamW(m.parameters(), lr=1e-3), samples, GRPOConfig(kl_coef=0.0),
                       pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == pytest.approx(1.0) and out["actor/clipfrac"] == 0.0
@@ -142,7 +148,7 @@ def test_single_minibatch_is_exactly_on_policy(tiny):
 
 def _nan_batch(n_bad: int):
     """Two mini-batches of one sample each; the first `n_bad` have a NaN advantage (a NaN loss)."""
-    return [Sample([5, 6, 7], [8, 9], float("nan") if i < n_bad else 1.0, [-1.0, -1.0]) for i in range(2)]
+    return [sample([5, 6, 7], [8, 9], float("nan") if i < n_bad else 1.0, [-1.0, -1.0]) for i in range(2)]
 
 
 def test_nonfinite_loss_skips_the_step_and_is_counted(tiny):
@@ -229,13 +235,13 @@ def test_skill_sd_importance_weight_is_capped_at_e10_and_its_gradient_then_stops
 
 @pytest.mark.parametrize("form", list(grpo.SD_COEF))
 def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_tokens(form):
-    """Through loss_terms: λ defaults to the form's anchor value, an explicit --grpo.sd-coef wins, and a token that is
+    """Through loss_terms: the resolved λ (the form's anchor value, or --grpo.sd-coef) scales the term, and a token that is
     not distilled (teacher log-prob padded with 0, a padding-like student log-prob) has no loss, no gradient, no NaN."""
     logp = torch.tensor([[math.log(0.2), -60.0]], requires_grad=True)
     z = torch.zeros(1, 2)
     teacher, mask = torch.tensor([[math.log(0.5), 0.0]]), torch.tensor([[1.0, 0.0]])
     grads = []
-    for coef in (None, 0.5):
+    for coef in (grpo.SD_COEF[form], 0.5):
         logp.grad = None
         cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_loss=form, sd_coef=coef)
         loss, terms = loss_terms(logp, logp.detach(), logp.detach(), teacher, mask, torch.zeros(1), z, cfg)
@@ -250,7 +256,7 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
     """Advantages 0, no KL, no entropy: only L_SD moves the weights. One distilled turn of 2 tokens, one GRPO-only
     turn of 3: `distilled` gives the gradient of `all` times 5/2, and leaves GRPO-only batches alone."""
     teacher = [math.log(0.6), math.log(0.1)]
-    samples = [Sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher), Sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
+    samples = [sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher), sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
     grads = {}
     for norm in ("all", "distilled"):
         m = ToyLM()
@@ -285,7 +291,7 @@ def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
     assert T == pytest.approx([math.log(p1), math.log(p2)])
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9)
-    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), [Sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg,
+    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), [sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg,
                 pad_id=0)
     pi = torch.full((5,), 0.2)
     expected = ((math.log(0.2) - math.log(p1)) * (_onehot(0) - pi)
@@ -304,7 +310,7 @@ def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_f
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, mini_batch_size=1,
                      sd_is_cap=cap, term_grad_norms=False)
-    out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [Sample([1], [0], 0.0, [old], [T])] * 2, cfg,
+    out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [sample([1], [0], 0.0, [old], [T])] * 2, cfg,
                       pad_id=0)
     w = torch.zeros(5)
     pi = torch.softmax(w, -1)
@@ -321,8 +327,8 @@ def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_f
 def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the same
     update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
-    samples = [Sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
-               Sample([1], [2], -1.0, [math.log(0.2)])]
+    samples = [sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
+               sample([1], [2], -1.0, [math.log(0.2)])]
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, micro_batch_tokens=budget)
 
     def run(data, measure=True):
@@ -345,8 +351,8 @@ def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
     """A first mini-batch of an all-fail group without a teacher (both terms zero) is not measured; the next one is,
     and its norms are the gradient norms of that mini-batch's own terms."""
     lp = torch.log_softmax(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5]), -1).tolist()  # ToyLM's: the ratio is 1
-    quiet = Sample([1], [2], 0.0, [lp[2]])
-    busy = Sample([1], [0, 3], 1.0, [lp[0], lp[3]], [math.log(0.6), math.log(0.1)])
+    quiet = sample([1], [2], 0.0, [lp[2]])
+    busy = sample([1], [0, 3], 1.0, [lp[0], lp[3]], [math.log(0.6), math.log(0.1)])
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, mini_batch_size=1)
 
     def run(data):

@@ -86,7 +86,7 @@ def test_policy_references_are_real_successes_and_the_fallback_is_counted(tiny):
     assert ref.success and intervention_states.reference_source(ref) == "policy"
     assert [s.action for s in ref.steps] == plan
     replayed = rollout.replay(env, solved, [s.action for s in ref.steps])
-    assert replayed.won and [t.signature for t in replayed.turns] == [s.signature for s in ref.steps]
+    assert replayed.won and [t.step.signature for t in replayed.turns] == [s.signature for s in ref.steps]
 
     refs, counts = intervention_states.task_references(policy, env, tasks, args)
     assert refs[solved.task_id] is ref

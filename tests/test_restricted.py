@@ -10,6 +10,7 @@ import torch
 import envs
 import grpo
 import teacher
+from fakes import sample
 from models import (HFEngine, SamplingConfig, action_trie, allowed_ids, chat_ids, collate, token_logprobs)
 
 ADMISSIBLE = [["go to cabinet 1", "go to cabinet 2", "open drawer 1", "take mug 1 from countertop 1", "look"],
@@ -32,7 +33,9 @@ def test_trie_allows_exactly_the_continuations(tiny):
     assert allowed_ids(trie, look[:-1]) == [tok.eos_token_id]       # after the whole response: only EOS
     assert allowed_ids(trie, look) == []                             # ended
     assert allowed_ids(trie, [look[0] + 1] if look[0] + 1 not in trie else [10**6]) == []  # off the trie
-    assert len(allowed_ids(trie, [])) >= 1
+    first = sorted({ids[0] for ids in (tok(r, add_special_tokens=False)["input_ids"]
+                                        for r in ["<action>look</action>", "<action>go to cabinet 1</action>"])})
+    assert sorted(allowed_ids(trie, [])) == first  # at the start: exactly the responses' first tokens
 
 
 def test_every_response_is_an_admissible_action(tiny):
@@ -55,9 +58,8 @@ def test_sampling_update_and_teacher_logprobs_agree_under_the_mask(tiny):
     assert torch.allclose(masked[mask], sampled[mask], atol=1e-5)
     assert (free[mask] < masked[mask] - 1e-3).any()  # the mask matters: without it the numbers differ
     # the teacher with an empty context and the same mask scores exactly what was sampled
-    reqs = [teacher.TeacherRequest("", "", g.response_ids, g.allowed) for g in gens]
     scorer = teacher.hf_scorer(model, tok.pad_token_id, 16384)
-    scored = scorer(prompts, [r.response_ids for r in reqs], [r.allowed for r in reqs])
+    scored = scorer(prompts, [g.response_ids for g in gens], [g.allowed for g in gens])
     for g, lp in zip(gens, scored):
         assert torch.allclose(torch.tensor(lp), torch.tensor(g.logprobs), atol=1e-5)
 
@@ -66,9 +68,9 @@ def test_update_ratio_is_exactly_one_on_policy(tiny):
     model, tok = tiny
     model = copy.deepcopy(model)
     prompts, gens = _sample(tiny)
-    samples = [grpo.Sample(p, g.response_ids, (-1.0) ** i, g.logprobs, None, g.allowed)
+    samples = [sample(p, g.response_ids, (-1.0) ** i, g.logprobs, None, g.allowed)
                for i, (p, g) in enumerate(zip(prompts, gens))]
-    cfg = grpo.GRPOConfig(lr=1e-3, mini_batch_size=1024, kl_coef=0.0)
+    cfg = grpo.GRPOConfig(lr=1e-3, mini_batch_size=1024, kl_coef=0.0, sd_loss="reverse-kl", sd_coef=1.0)
     out = grpo.update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), samples, cfg, pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == 1.0 and out["actor/clipfrac"] == 0.0
     assert out["actor/rollout_logprob_gap"] < 1e-5  # the update's masked forward equals the sampling log-probs

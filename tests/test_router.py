@@ -2,14 +2,18 @@
 
 Run: .venv/bin/python -m pytest tests/test_router.py -q
 """
+import functools
 import json
 import random
+import typing
 
 import pytest
 
+from fakes import turn
+from records import Match, Step, Trajectory
 from router import (
-    CONTEXT_BLOCKS, Match, ReferenceBank, Step, Trajectory, Turn, match_all, match_history, match_history_full,
-    match_structured, route, route_metrics, skill_text, state_summary, teacher_context,
+    CONTEXT_BLOCKS, MATCHER_ALIASES, MATCHERS, ReferenceBank, RouterConfig, match_all, match_state, match_structured,
+    prefix_at, route, route_metrics, skill_text, state_summary, teacher_context, window_at,
 )
 
 
@@ -29,7 +33,20 @@ def trajectory(traj_id, path, task="t0", success=True, final="done"):
 
 
 def turns_of(traj):
-    return [Turn(traj.task_id, traj.traj_id, i, s) for i, s in enumerate(traj.steps)]
+    return [turn(traj.task_id, traj.traj_id, i, s) for i, s in enumerate(traj.steps)]
+
+
+def routed(turns, bank, matcher, rng=None, window=2, references="all"):
+    """router.route with a RouterConfig of `matcher`, history window `window` and `references`."""
+    cfg = RouterConfig(matcher=matcher, history_window=window, references=references)
+    return route(turns, bank, cfg, rng or random.Random(0))
+
+
+def metrics_of(turns, matches, bank):
+    """route_metrics of `turns` routed with `matches` (the trainer records them on the turns)."""
+    for t, m in zip(turns, matches):
+        t.match = m
+    return route_metrics(turns, bank)
 
 
 def positions(matches):
@@ -59,18 +76,18 @@ def bank_with(*trajs, archive_size=4):
 # ---------------------------------------------------------------------------------------------- matchers
 
 def test_structured_rematches_after_divergence_at_the_right_position():
-    matches = route(turns_of(DETOUR), bank_with(REF, DETOUR), "structured", random.Random(0))
+    matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "structured", random.Random(0))
     assert positions(matches) == [
         ("ref", 0, "go to cabinet 1"), None,
         ("ref", 1, "take mug 1 from cabinet 1"), ("ref", 2, "go to coffeemachine 1")]
 
 
 def test_history_full_misses_a_state_reached_by_another_path_that_structured_finds():
-    matches = route(turns_of(DETOUR), bank_with(REF, DETOUR), "history-full", random.Random(0))
+    matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "history-full", random.Random(0))
     assert positions(matches) == [("ref", 0, "go to cabinet 1"), None, None, None]
     # Following the reference's exact prefix is matched by history too, at the same positions as structured.
     follower = trajectory("f", [(S0, "o:middle", "go to cabinet 1"), (S1, "o:cabinet", "look")], success=False)
-    both = [positions(route(turns_of(follower), bank_with(REF), m, random.Random(0)))
+    both = [positions(routed(turns_of(follower), bank_with(REF), m, random.Random(0)))
             for m in ("history-full", "history", "structured")]
     assert both[0] == both[1] == both[2] == [("ref", 0, "go to cabinet 1"), ("ref", 1, "take mug 1 from cabinet 1")]
 
@@ -78,8 +95,8 @@ def test_history_full_misses_a_state_reached_by_another_path_that_structured_fin
 def test_repeated_reference_state_matches_its_last_occurrence():
     loop = trajectory("loop", [(S0, "a", "go to cabinet 1"), (S1, "b", "go to drawer 1"), (D, "c", "go to cabinet 1"),
                                (S1, "b", "take mug 1 from cabinet 1")])
-    turn = Turn("t0", "stu", 5, Step(S1, "x", "o", "a"))
-    assert match_structured(turn, [loop]) == Match(loop, 3, "take mug 1 from cabinet 1")
+    student = turn("t0", "stu", 5, Step(S1, "x", "o", "a"))
+    assert match_structured(student, [loop]) == Match(loop, 3, "take mug 1 from cabinet 1")
 
 
 def test_subgoals_in_another_order_are_not_matched_where_the_state_differs():
@@ -99,9 +116,9 @@ def test_subgoals_in_another_order_are_not_matched_where_the_state_differs():
         success=False)
     bank = bank_with(ref, student)
     # Same locations and holdings as the reference, but other goal conditions hold: only the start matches.
-    assert positions(route(turns_of(student), bank, "structured", random.Random(0))) == [
+    assert positions(routed(turns_of(student), bank, "structured", random.Random(0))) == [
         ("ref2", 0, "go to cabinet 1"), None, None, None, None, None]
-    assert all(m is not None for m in route(turns_of(student), bank, "all", random.Random(0)))
+    assert all(m is not None for m in routed(turns_of(student), bank, "all", random.Random(0)))
 
 
 def test_random_selects_as_many_turns_as_structured_among_tasks_with_a_reference():
@@ -109,39 +126,46 @@ def test_random_selects_as_many_turns_as_structured_among_tasks_with_a_reference
     batch = [DETOUR, trajectory("stu3", [(S1, "", "x"), (D, "", "y"), (S3, "", "z")], success=False), other_task]
     bank = bank_with(REF, *batch)
     turns = [t for traj in batch for t in turns_of(traj)]
-    n_structured = sum(m is not None for m in route(turns, bank, "structured", random.Random(0)))
+    n_structured = sum(m is not None for m in routed(turns, bank, "structured", random.Random(0)))
     assert n_structured == 5
     picks = set()
     for seed in range(20):
-        matches = route(turns, bank, "random", random.Random(seed))
-        assert matches == route(turns, bank, "random", random.Random(seed))  # deterministic given the seed
+        matches = routed(turns, bank, "random", random.Random(seed))
+        assert matches == routed(turns, bank, "random", random.Random(seed))  # deterministic given the seed
         chosen = [i for i, m in enumerate(matches) if m is not None]
         assert len(chosen) == n_structured
         assert all(turns[i].task_id == "t0" for i in chosen)
         for i in chosen:  # deviation 5: index-aligned candidate
-            j = min(turns[i].turn_index, len(REF.steps) - 1)
+            j = min(turns[i].index, len(REF.steps) - 1)
             assert matches[i] == Match(REF, j, REF.steps[j].action)
         picks.add(tuple(chosen))
     assert len(picks) > 1  # really random, not the structured turns
 
 
 def test_all_and_none():
-    matches = route(turns_of(DETOUR), bank_with(REF, DETOUR), "all", random.Random(0))
+    matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "all", random.Random(0))
     assert positions(matches) == [("ref", i, REF.steps[i].action) for i in range(4)]
-    long_turn = Turn("t0", "stu", 9, DETOUR.steps[0])
+    long_turn = turn("t0", "stu", 9, DETOUR.steps[0])
     assert match_all(long_turn, [REF]).position == 3  # beyond the reference's end: its last step
-    assert route(turns_of(DETOUR), bank_with(REF, DETOUR), "none", random.Random(0)) == [None] * 4
+    assert routed(turns_of(DETOUR), bank_with(REF, DETOUR), "none", random.Random(0)) == [None] * 4
+
+
+def test_every_matcher_the_flag_allows_has_one_entry_in_the_dispatch_table():
+    literal = typing.get_args(typing.get_type_hints(RouterConfig)["matcher"])[0]
+    assert set(typing.get_args(literal)) == set(MATCHERS) | set(MATCHER_ALIASES)
+    assert set(MATCHER_ALIASES.values()) <= set(MATCHERS)
 
 
 def test_never_self_reference():
     bank = bank_with(REF)
     for matcher in ("structured", "history", "history-full", "all", "random", "none"):
-        assert route(turns_of(REF), bank, matcher, random.Random(0)) == [None] * 4
+        assert routed(turns_of(REF), bank, matcher, random.Random(0)) == [None] * 4
     # Even when handed directly to a matcher.
-    assert match_structured(turns_of(REF)[1], [REF]) is None and match_history_full(turns_of(REF)[1], [REF]) is None
-    assert match_history(turns_of(REF)[1], [REF], REF.steps[:1], 2) is None
+    own = turns_of(REF)[:2]
+    assert match_structured(own[1], [REF]) is None and match_state(own, [[REF]] * 2, prefix_at) == [None, None]
+    assert match_state(own, [[REF]] * 2, functools.partial(window_at, h=2)) == [None, None]
     twin = Trajectory("t0", "twin", REF.steps, True, REF.final_observation)
-    matches = route(turns_of(REF), bank_with(REF, twin), "structured", random.Random(0))
+    matches = routed(turns_of(REF), bank_with(REF, twin), "structured", random.Random(0))
     assert [m.ref.traj_id for m in matches] == ["twin"] * 4
 
 
@@ -161,31 +185,31 @@ LOOKALIKE = trajectory("look", [
 def test_windowed_history_can_disagree_with_structured_where_the_full_prefix_cannot():
     bank = bank_with(REF, LOOKALIKE)
     turns = turns_of(LOOKALIKE)
-    got = {m: positions(route(turns, bank, m, random.Random(0), window=2))
+    got = {m: positions(routed(turns, bank, m, random.Random(0), window=2))
            for m in ("history", "history-full", "structured")}
     start = [("ref", 0, "go to cabinet 1")]
     assert got["history"] == start + [None] * 4 + [("ref", 3, "put mug 1 in/on coffeemachine 1")]
     assert got["structured"] == got["history-full"] == start + [None] * 5
     # h = 1 sees even less of the past: the take-mug turn looks like the reference's too
-    assert positions(route(turns, bank, "history", random.Random(0), window=1)) == \
+    assert positions(routed(turns, bank, "history", random.Random(0), window=1)) == \
         start + [None] * 3 + [("ref", 2, "go to coffeemachine 1"), ("ref", 3, "put mug 1 in/on coffeemachine 1")]
     # a window reaching back to the drawer sees the difference
-    assert positions(route(turns, bank, "history", random.Random(0), window=4)) == start + [None] * 5
+    assert positions(routed(turns, bank, "history", random.Random(0), window=4)) == start + [None] * 5
     # and the other direction (test above): a state reached by another path is found by structured, not by history
-    assert positions(route(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0), window=2))[2] is None
+    assert positions(routed(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0), window=2))[2] is None
     # the window is the student's own earlier turns, read from the batch whatever their order
-    assert route(turns[::-1], bank, "history", random.Random(0), window=2)[::-1] == \
-        route(turns, bank, "history", random.Random(0), window=2)
+    assert routed(turns[::-1], bank, "history", random.Random(0), window=2)[::-1] == \
+        routed(turns, bank, "history", random.Random(0), window=2)
 
 
 def test_every_distils_each_turn_with_or_without_a_reference_and_first_restricts_references():
     other = trajectory("u", [(alf(MIDDLE, task="t1"), "", "look")] * 2, task="t1", success=False)
     bank = bank_with(REF, DETOUR, other)
     turns = turns_of(DETOUR) + turns_of(other)
-    matches = route(turns, bank, "every", random.Random(0))
-    assert positions(matches[:4]) == positions(route(turns_of(DETOUR), bank, "all", random.Random(0)))
+    matches = routed(turns, bank, "every", random.Random(0))
+    assert positions(matches[:4]) == positions(routed(turns_of(DETOUR), bank, "all", random.Random(0)))
     assert matches[4:] == [Match(None, -1, "")] * 2
-    metrics = route_metrics(turns, matches, bank)
+    metrics = metrics_of(turns, matches, bank)
     assert (metrics["router/matched_turns"], metrics["router/matched_turns/group"],
             metrics["router/matched_turns/none"]) == (6.0, 4.0, 2.0)
     # references = first: only the one FullPath-SD shows (c, the shortest), so states only `a` holds go unmatched
@@ -193,9 +217,9 @@ def test_every_distils_each_turn_with_or_without_a_reference_and_first_restricts
     c = trajectory("c", [(S0, "", "go to drawer 1")])
     student = trajectory("s", [(S0, "", "x"), (S2, "", "y")], success=False)
     bank = bank_with(a, c, student)
-    assert positions(route(turns_of(student), bank, "structured", random.Random(0))) == [
+    assert positions(routed(turns_of(student), bank, "structured", random.Random(0))) == [
         ("c", 0, "go to drawer 1"), ("a", 1, "go to coffeemachine 1")]
-    assert positions(route(turns_of(student), bank, "structured", random.Random(0), references="first")) == [
+    assert positions(routed(turns_of(student), bank, "structured", random.Random(0), references="first")) == [
         ("c", 0, "go to drawer 1"), None]
 
 
@@ -204,8 +228,8 @@ def test_route_metrics_count_matches_by_reference_source():
     bank.add_group([trajectory("old", REF_PATH_ALF_SHORT)])
     bank.add_group([])  # "old" moves to the archive
     bank.add_planner(trajectory("plan", REF_PATH_ALF_SHORT, task="t2"))
-    turns = [Turn("t0", "s", 0, Step(S0, "", "", "")), Turn("t2", "s2", 0, Step(S0, "", "", ""))]
-    m = route_metrics(turns, route(turns, bank, "structured", random.Random(0)), bank)
+    turns = [turn("t0", "s", 0, Step(S0, "", "", "")), turn("t2", "s2", 0, Step(S0, "", "", ""))]
+    m = metrics_of(turns, routed(turns, bank, "structured", random.Random(0)), bank)
     assert (m["router/matched_turns/archive"], m["router/matched_turns/planner"], m["router/matched_turns/group"]) \
         == (1.0, 1.0, 0.0)
 
@@ -243,7 +267,7 @@ def test_bank_selection_order_is_group_then_archive_then_planner_shortest_then_i
     # The first reference that matches wins (deviation 1): "c" lacks the state, "a" has it.
     a = trajectory("a", [(S0, "", "go to cabinet 1"), (S2, "", "go to coffeemachine 1")])
     c = trajectory("c", [(S0, "", "go to drawer 1")])
-    assert match_structured(Turn("t0", "stu", 0, Step(S2, "", "", "")), [c, a]) == Match(a, 1, "go to coffeemachine 1")
+    assert match_structured(turn("t0", "stu", 0, Step(S2, "", "", "")), [c, a]) == Match(a, 1, "go to coffeemachine 1")
 
 
 def test_bank_state_dict_round_trip_through_json():
@@ -260,13 +284,13 @@ def test_bank_state_dict_round_trip_through_json():
     assert restored.references("ws", "")[0].steps[0].signature == WS_SIG  # tuples again, hashable
     hash(restored.references("ws", "")[0].steps[0].signature)
     turns = turns_of(DETOUR)
-    assert route(turns, restored, "structured", random.Random(0)) == route(turns, bank, "structured", random.Random(0))
+    assert routed(turns, restored, "structured", random.Random(0)) == routed(turns, bank, "structured", random.Random(0))
 
 
 def test_route_metrics():
     bank = bank_with(REF, DETOUR)
     turns = turns_of(DETOUR) + turns_of(short("q", 2, task="t1"))
-    metrics = route_metrics(turns, route(turns, bank, "structured", random.Random(0)), bank)
+    metrics = metrics_of(turns, routed(turns, bank, "structured", random.Random(0)), bank)
     assert metrics == {"router/matched_turns": 3.0, "router/turns_with_reference": 4.0,  # the rate: log_step
                        "router/matched_turns/group": 3.0, "router/matched_turns/archive": 0.0,
                        "router/matched_turns/planner": 0.0, "router/matched_turns/none": 0.0}
@@ -335,7 +359,7 @@ def test_teacher_context_exact_text(variant, blocks):
 
 
 def test_teacher_context_needs_the_match_for_the_candidate():
-    assert set(CONTEXT_BLOCKS) == {"fullpath", "summary", "candidate", "full", "skill"}
+    assert set(CONTEXT_BLOCKS) == {"trajectory", "summary", "candidate", "smrc", "skill"}
     assert teacher_context("fullpath", REF, None, S2).startswith(TRAJ_TEXT)
     with pytest.raises(AssertionError):
         teacher_context("full", REF, None, S2)
@@ -363,20 +387,21 @@ def _random_batch(seed: int):
 def test_route_equals_the_matchers_applied_turn_by_turn():
     """`route` indexes every reference once and sorts the references once per task: the same matches as each
     matcher applied to each turn with bank.references (the definition), on random batches."""
-    naive = {"structured": match_structured, "history-full": match_history_full, "all": match_all}
+    naive = {"structured": match_structured, "history-full": lambda t, r: match_state([t], [r], prefix_at)[0],
+             "all": match_all}
     for seed in range(20):
         turns, bank = _random_batch(seed)
         refs = [bank.references(t.task_id, exclude_traj_id=t.traj_id) for t in turns]
         for name, matcher in naive.items():
             expected = [matcher(t, r) for t, r in zip(turns, refs)]
-            got = route(turns, bank, name, random.Random(0))
+            got = routed(turns, bank, name, random.Random(0))
             assert positions(got) == positions(expected), (seed, name)
             assert all(a is None or a.ref is b.ref for a, b in zip(got, expected))
         n_structured = sum(match_structured(t, r) is not None for t, r in zip(turns, refs))
-        assert sum(m is not None for m in route(turns, bank, "random", random.Random(seed))) == n_structured
+        assert sum(m is not None for m in routed(turns, bank, "random", random.Random(seed))) == n_structured
         with_ref = sum(any(r.traj_id != t.traj_id and r.steps for r in rs) for t, rs in zip(turns, refs))
-        assert route_metrics(turns, [None] * len(turns), bank)["router/turns_with_reference"] == with_ref
-    assert any(m is not None for m in route(turns, bank, "structured", random.Random(0)))
+        assert metrics_of(turns, [None] * len(turns), bank)["router/turns_with_reference"] == with_ref
+    assert any(m is not None for m in routed(turns, bank, "structured", random.Random(0)))
 
 
 ALF_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",

@@ -6,7 +6,6 @@ embedded tiny model saved the way the trainer saves them.
 
 Run: pytest tests/test_run_guards.py -q   (about a minute on 2 cores)
 """
-import dataclasses
 import errno
 import importlib
 import json
@@ -21,9 +20,9 @@ import pytest
 import torch
 
 import evaluate
-import rollout
 import smrc
 from scale import checkpoint as ck
+from scale import run_logs
 from scale.preflight import validate_config
 from test_checkpoint import _rows, save, trainer  # noqa: F401 (trainer: a fixture)
 from test_evaluate import _eval_error
@@ -169,12 +168,14 @@ def nonfinite_run(tmp_path_factory):
     """`--steps 2` where every loss is NaN (limit 3: two skips, saved), then `--resume --steps 4`."""
     out = tmp_path_factory.mktemp("nonfinite")
     flags = [*SMALL, "--grpo.max-nonfinite-steps", "3", "--output-dir", str(out)]
-    build = smrc.build_samples
+    set_advantages = smrc.set_advantages
 
-    def nan_advantages(*args, **kwargs):
-        return [dataclasses.replace(s, advantage=float("nan")) for s in build(*args, **kwargs)]
+    def nan_advantages(episodes, *args, **kwargs):
+        set_advantages(episodes, *args, **kwargs)
+        for turn in (t for e in episodes for t in e.turns):
+            turn.advantage = float("nan")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(smrc, "build_samples", nan_advantages)
+        mp.setattr(smrc, "set_advantages", nan_advantages)
         smrc.main(smrc.parse_config([*flags, "--steps", "2"]))
         config = (out / "config.json").read_text()
         try:
@@ -230,11 +231,11 @@ def test_item05c_a_resume_never_overwrites_config_json(nonfinite_run, trainer, t
 def test_item05d_archive_repair_counts_the_rows_lost(tmp_path, capsys):
     path = tmp_path / "rollouts.jsonl.gz"
     for step in (1, 2, 3):  # one gzip member per append, as write_archive does
-        rollout.write_archive(path, [json.loads(r) for r in _rows([step] * 50)], 10**6)
+        run_logs.write_archive(path, [json.loads(r) for r in _rows([step] * 50)], 10**6)
     data = path.read_bytes()
     path.write_bytes(data[:len(data) - len(data) // 6])  # the last append cut in the middle of its member
-    rollout.trim_logs(tmp_path, 3)
-    kept = len(rollout.read_archive(path))
+    run_logs.trim_logs(tmp_path, 3)
+    kept = len(run_logs.read_archive(path))
     assert 100 <= kept < 149  # more than one row lost
     assert f"{150 - kept} partial rows dropped" in capsys.readouterr().out
 
@@ -358,7 +359,7 @@ def test_item07_a_full_disk_while_appending_metrics_is_one_line_and_loses_nothin
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["step"] == 1 and len(lines) == 2  # row 1 kept; torn row 2: repaired on resume
     assert (out / "latest").read_text() == "step_000001" and ck.verify(out / "step_000001") is None
-    assert {r["step"] for r in rollout.read_archive(out / "rollouts.jsonl.gz")} == {1, 2}
+    assert {r["step"] for r in run_logs.read_archive(out / "rollouts.jsonl.gz")} == {1, 2}
     assert not (out / "run.lock").exists()  # the run stopped cleanly: its lock is released
 
 

@@ -67,9 +67,9 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
         g_pg, g_sd = r["actor/grad_norm_grpo"], r["actor/grad_norm_sd"]  # g_pg = 0 when every return is equal
         assert g_sd > 0 and r["actor/sd_grpo_grad_ratio"] == pytest.approx(g_sd / g_pg if g_pg else math.inf)
     resolved = json.loads((smrc_run / "config.json").read_text())["resolved"]
-    assert resolved == {"matcher": "structured", "context": "full", "sd_loss": "reverse-kl", "sd_coef": 0.1,
+    assert resolved == {"matcher": "structured", "context": "smrc", "sd_loss": "reverse-kl", "sd_coef": 0.1,
                         "teacher_oracle": 0.0}
-    assert smrc.config_from_run(smrc_run, "none").sd_coef == 0.1 and "unknown keys" not in capsys.readouterr().out
+    assert smrc.config_from_run(smrc_run, "none").grpo.sd_coef == 0.1 and "unknown keys" not in capsys.readouterr().out
     with gzip.open(smrc_run / "rollouts.jsonl.gz", "rt") as f:
         turns = [json.loads(line) for line in f]
     assert len(turns) == sum(r["rollout/turns"] * 6 for r in rows)
@@ -79,6 +79,28 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
         if t["routed"]:
             assert t["match"]["ref_signature"] == t["signature"], t
             assert t["match"]["candidate"] == t["match"]["ref_suffix"][0]
+
+
+RECORDED = ROOT / "tests" / "recorded" / "smrc_run.json"  # smrc_run's numbers, recorded before issue 22's refactor
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_numbers_equal_the_recorded_run(smrc_run):
+    """smrc_run's metrics (times aside) and final weights equal the ones recorded from the code before issue 22's
+    refactor, bit for bit: a change of code alone keeps every number. Skipped where the warm start itself came out
+    other (another machine's arithmetic), since every number follows from it."""
+    from embedded.warmstart import resolve
+    recorded = json.loads(RECORDED.read_text())
+    if _sha256(Path(resolve("tiny-agent-quick")) / "model.safetensors") != recorded["warm_start_sha256"]:
+        pytest.skip("tiny-agent-quick was built with other numbers here than where the run was recorded")
+    rows = [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_time_s")}
+            for r in metrics(smrc_run)]
+    assert json.dumps(rows) == json.dumps(recorded["metrics"])  # every key, in order, NaN included
+    assert _sha256(smrc_run / "step_000002" / "model.safetensors") == recorded["weights_sha256"]
 
 
 def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
@@ -95,7 +117,8 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
     tasks = envs.load_tasks(cfg.alfworld, "train")[:2]
     engine = HFEngine(model, tok, cfg.rollout.sampling)
     with EnvPool(cfg.alfworld, 0) as pool:
-        eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg, tag="t", show_progress=False)
+        eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg.rollout, cfg.alfworld, tag="t",
+                                          show_progress=False)
     markers = [router.SUMMARY_TEMPLATE.split("\n")[0], router.CANDIDATE_TEMPLATE.split("\n")[0][:20],
                router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.SKILL_TEMPLATE.split("\n")[0], "General skills",
                router.CLOSING_TEMPLATE, "('task',", "signature"]
@@ -122,20 +145,22 @@ def test_resume_reproduces_the_uninterrupted_run(smrc_run, tmp_path):
 def test_algo_sets_matcher_and_context_and_flags_override():
     import smrc
     cfg = smrc.parse_config(["--algo", "grpo"])
-    assert (cfg.matcher, cfg.model) == ("none", "Qwen/Qwen3-1.7B")
+    assert (cfg.router.matcher, cfg.model) == ("none", "Qwen/Qwen3-1.7B")
     cfg = smrc.parse_config(["--algo", "fullpath-sd", "--router.matcher", "structured"])
-    assert (cfg.matcher, cfg.context) == ("structured", "fullpath")
+    assert (cfg.router.matcher, cfg.router.context) == ("structured", "trajectory")
     cfg = smrc.parse_config(["--preset", "tiny", "--algo", "smrc-sd"])
-    assert (cfg.matcher, cfg.context, cfg.model) == ("structured", "full", "tiny-agent-quick")
-    table = {a: (smrc.parse_config(["--algo", a]).matcher, smrc.parse_config(["--algo", a]).context,
-                 smrc.parse_config(["--algo", a]).sd_loss) for a in ("skill-sd", "sdar", "grpo-opsd")}
-    assert table == {"skill-sd": ("every", "skill", "skill-sd"), "sdar": ("every", "skill", "sdar"),
-                     "grpo-opsd": ("every", "skill", "grpo-opsd")}
+    assert (cfg.router.matcher, cfg.router.context, cfg.model) == ("structured", "smrc", "tiny-agent-quick")
+    table = {a: (smrc.parse_config(["--algo", a]).router.matcher, smrc.parse_config(["--algo", a]).router.context,
+                 smrc.parse_config(["--algo", a]).grpo.sd_loss) for a in ("skill-sd", "sdar", "grpo-opsd")}
+    assert table == {"skill-sd": ("every-turn", "skill", "skill-sd"), "sdar": ("every-turn", "skill", "sdar"),
+                     "grpo-opsd": ("every-turn", "skill", "grpo-opsd")}
     cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "fullpath"])  # a trajectory context: FullPath routing
-    assert (cfg.matcher, cfg.context, cfg.sd_loss) == ("all", "fullpath", "sdar")
+    assert (cfg.router.matcher, cfg.router.context, cfg.grpo.sd_loss) == ("with-reference", "trajectory", "sdar")
+    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "full", "--router.matcher", "all"])  # old names
+    assert (cfg.router.matcher, cfg.router.context) == ("with-reference", "smrc")
     cfg = smrc.parse_config(["--algo", "smrc-sd", "--grpo.sd-loss", "skill-sd"])
-    assert (cfg.matcher, cfg.sd_loss) == ("structured", "skill-sd")
-    with pytest.raises(SystemExit, match="^error: --router.matcher every .* --router.context full needs"):
+    assert (cfg.router.matcher, cfg.grpo.sd_loss) == ("structured", "skill-sd")
+    with pytest.raises(SystemExit, match="^error: --router.matcher every-turn .* --router.context smrc needs"):
         smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
     for algo in ("sdar", "grpo"):  # no reference candidate to be an oracle of
         with pytest.raises(SystemExit, match="^error: --teacher.oracle needs a reference candidate"):
@@ -147,7 +172,8 @@ def test_lambda_applied_after_algo_preset_and_flag():
     import smrc
     runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"), ("none", "fullpath-sd"),
             ("learn", "sdar", "--grpo.sd-coef", "0.5"), ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
-    lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).sd_coef for preset, algo, *flags in runs]
+    lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).grpo.sd_coef
+           for preset, algo, *flags in runs]
     assert lam == [0.3, 0.3, 0.01, 0.001, 1.0, 0.5, 0.01]
 
 
@@ -188,7 +214,8 @@ def test_sdar_trains_two_steps(tmp_path):
     assert config["algo"] == "sdar" and config["resolved"]["sd_coef"] == 0.01
 
 
-@pytest.mark.parametrize("algo,alpha,matcher", [("fullpath-sd", "1", "all"), ("smrc-sd", "0.5", "structured")])
+@pytest.mark.parametrize("algo,alpha,matcher", [("fullpath-sd", "1", "with-reference"),
+                                                ("smrc-sd", "0.5", "structured")])
 def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
     """--teacher.oracle: the same routed turns distilled without a teacher forward; the oracle's candidate gain
     log((1−α)·π(c) + α) − log π(c) is >= 0."""
@@ -204,11 +231,37 @@ def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
         assert r["actor/grad_norm_sd"] > 0 and r["actor/optimizer_steps"] >= 1
 
 
+def _fields(cls, prefix=""):
+    """(flag, field, the dataclass declaring it) of every option of a config tree, nested sections included."""
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            yield from _fields(type(default), f"{prefix}{f.name}.")
+        else:
+            owner = next(c for c in cls.__mro__ if f.name in getattr(c, "__annotations__", {}))
+            yield "--" + (prefix + f.name).replace("_", "-"), f.name, owner
+
+
+def _documented(cls) -> set[str]:
+    """The fields of `cls` followed by an attribute docstring in its source (what tyro turns into --help text)."""
+    import ast
+    import inspect
+    body = ast.parse(inspect.getsource(cls).strip()).body[0].body
+    return {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
+            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+
+
 def test_help_documents_every_section():
+    """Every option of every config section is a flag in --help, with its own attribute docstring as help text."""
+    import config
     out = run("--help").stdout
-    for flag in ("--preset", "--algo", "--router.matcher", "--grpo.sd-coef", "--teacher.max-prompt-tokens",
-                 "--alfworld.source", "--rollout.sampling.max-new-tokens", "--resume"):
-        assert flag in out
+    options = list(_fields(config.Config))
+    assert len(options) > 80 and {f.rsplit(".", 1)[0] for f, _, _ in options if "." in f} >= {
+        "--alfworld", "--webshop", "--rollout", "--rollout.sampling", "--grpo", "--router", "--teacher", "--dist"}
+    for flag, name, owner in options:
+        head, _, last = flag[2:].rpartition(".")
+        assert flag in out or f"--{head + '.' if head else ''}no-{last}" in out, flag  # a bool may show as --no-X
+        assert name in _documented(owner), f"{owner.__name__}.{name} has no docstring (no --help text for {flag})"
 
 
 def test_missing_alfworld_data_is_one_clear_error(tmp_path):

@@ -5,7 +5,6 @@ Run: pytest tests/test_teacher.py -q
 """
 import copy
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,39 +12,51 @@ import torch
 import envs
 import router
 import teacher
+from fakes import teacher_requests, turn
 from models import action_trie, allowed_per_position, chat_ids
-from teacher import TeacherConfig, TeacherRequest, teacher_user_text
+from records import Step
+from teacher import TeacherConfig, teacher_user_text
 
 
 def _requests(tok):
-    return [TeacherRequest("Your task is to: put a mug in fridge.", "Reference: go to fridge 1 then open it.",
-                           tok("<action>go to fridge 1</action>")["input_ids"]),
-            TeacherRequest("short", "A much longer privileged block. " * 6, tok("<action>look</action>")["input_ids"]),
-            TeacherRequest("x", "", [5, 6, 7, 8, 9, 10, 11])]
+    """(user text, context, response ids) triples."""
+    return [("Your task is to: put a mug in fridge.", "Reference: go to fridge 1 then open it.",
+             tok("<action>go to fridge 1</action>")["input_ids"]),
+            ("short", "A much longer privileged block. " * 6, tok("<action>look</action>")["input_ids"]),
+            ("x", "", [5, 6, 7, 8, 9, 10, 11])]
 
 
 def _score(model, tok, reqs, cfg=TeacherConfig(), temperature=1.0):
-    return teacher.score(tok, reqs, cfg, teacher.hf_scorer(model, tok.pad_token_id, cfg.micro_batch_tokens,
-                                                          temperature))
+    prompts, turns = teacher_requests(tok, reqs)
+    return teacher.score(prompts, turns, cfg, teacher.hf_scorer(model, tok.pad_token_id, cfg.micro_batch_tokens,
+                                                                temperature))
+
+
+def _signal(turns, matches, context, tok, cfg, scorer):
+    """teacher_signal on turns the router matched with `matches`: (each turn's teacher log-probs, stats)."""
+    for t, m in zip(turns, matches):
+        t.match, t.teacher_logprobs = m, None
+    stats = teacher.teacher_signal(turns, context, tok, cfg, scorer)
+    return [t.teacher_logprobs for t in turns], stats
 
 
 def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
     model, tok = tiny
     reqs = _requests(tok)
     scored, stats = _score(model, tok, reqs)
-    for req, lp in zip(reqs, scored):
-        prompt = chat_ids(tok, req.context + "\n\n" + req.user_text)  # a block without a slot: before the prompt
-        ids = torch.tensor([prompt + req.response_ids])
+    for (user_text, context, response), lp in zip(reqs, scored):
+        prompt = chat_ids(tok, context + "\n\n" + user_text)  # a block without a slot: before the prompt
+        ids = torch.tensor([prompt + response])
         with torch.no_grad():
             logits = model(ids).logits[0]                             # (T, V), no padding, no batching
-        P, R = len(prompt), len(req.response_ids)
+        P, R = len(prompt), len(response)
         # the first response token is predicted by the LAST prefix position P-1 (the off-by-one trap)
-        expected = torch.log_softmax(logits[P - 1:P + R - 1], -1).gather(-1, torch.tensor(req.response_ids)[:, None])
+        expected = torch.log_softmax(logits[P - 1:P + R - 1], -1).gather(-1, torch.tensor(response)[:, None])
         assert len(lp) == R
         assert torch.allclose(torch.tensor(lp), expected[:, 0], atol=1e-4)
     assert stats["sd/over_length_turns"] == 0
-    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(r.context, r.user_text))) + len(r.response_ids)
-                                             for r in reqs)
+    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(context, user_text))) + len(response)
+                                             for user_text, context, response in reqs)
 
 
 def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
@@ -66,7 +77,7 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
 def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     model, tok = tiny
     reqs = _requests(tok)
-    lengths = [len(chat_ids(tok, teacher_user_text(r.context, r.user_text))) for r in reqs]
+    lengths = [len(chat_ids(tok, teacher_user_text(context, user_text))) for user_text, context, _ in reqs]
     budget = sorted(lengths)[1]  # the longest prompt is over the budget
     scored, stats = _score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
     over = [i for i, n in enumerate(lengths) if n > budget]
@@ -84,11 +95,10 @@ def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny
         seen.extend(tok.decode(p) for p in prompts)
         return [[-1.0] * len(r) for r in responses]
     types = ["pick_heat_then_place_in_recep", "look_at_obj_in_light", "pick_two_obj_and_place"]
-    turns = [SimpleNamespace(task=envs.Task(f"t{i}", tt, "alfworld", ""), user_text=f"student prompt {i}",
-                             signature=(), response_ids=[5, 6], sample_logprobs=[-2.0, -2.0], allowed=None)
-             for i, tt in enumerate(types)]
+    turns = [turn(f"t{i}", "s", 0, Step((), "", "", ""), task_type=tt, user_text=f"student prompt {i}",
+                  response_ids=[5, 6], sample_logprobs=[-2.0, -2.0]) for i, tt in enumerate(types)]
     matches = [router.Match(None, -1, ""), router.Match(None, -1, ""), None]
-    lp, stats = teacher.teacher_signal(turns, matches, "skill", tok, TeacherConfig(), scorer)
+    lp, stats = _signal(turns, matches, "skill", tok, TeacherConfig(), scorer)
     assert lp == [[-1.0, -1.0], [-1.0, -1.0], None] and stats["sd/distilled_turns"] == 2
     assert len(seen) == 2
     for text, tt, other in zip(seen, types, types[1:]):
@@ -135,9 +145,9 @@ def _routed(tok):
     turns = []
     for i, adm in enumerate(admissible):
         resp = teacher.candidate_ids(tok, adm[-1])
-        turns.append(SimpleNamespace(
-            task=envs.Task("t", "pick_and_place_simple", "alfworld", ""), user_text=f"student prompt {i}",
-            prompt_ids=chat_ids(tok, f"student prompt {i}"), signature=(f"s{i}",), response_ids=resp,
+        turns.append(turn(
+            "t", "student", i, Step((f"s{i}",), "", f"o{i}", adm[-1]), task_type="pick_and_place_simple",
+            user_text=f"student prompt {i}", prompt_ids=chat_ids(tok, f"student prompt {i}"), response_ids=resp,
             sample_logprobs=[-0.5] * len(resp), admissible=adm,
             allowed=allowed_per_position(action_trie(tok, [envs.action_response(a) for a in adm]), resp)))
     return turns, [router.Match(ref, 0, "go to fridge 1"), router.Match(ref, 1, "open fridge 1"), None]
@@ -157,7 +167,7 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -0.25)
-    lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(oracle=0.5), scorer)
+    lp, stats = _signal(turns, matches, "full", tok, TeacherConfig(oracle=0.5), scorer)
     assert lp[2] is None and stats["sd/distilled_turns"] == 2 and stats["sd/teacher_tokens"] == 0
     for i in (0, 1):  # each turn's own sampled tokens against its candidate's tokens
         c = teacher.candidate_ids(tok, matches[i].candidate)
@@ -171,22 +181,21 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
     s = -0.25 * len(c)  # log π_θ(c); the oracle's log π_T(c) = log(0.5·π_θ(c) + 0.5)
     assert stats["sd/candidate_gain_sum"] == pytest.approx(math.log(0.5 * math.exp(s) + 0.5) - s)
     with pytest.raises(ValueError, match="oracle needs a reference candidate"):
-        teacher.teacher_signal(turns, [router.Match(None, -1, "")] * 3, "skill", tok, TeacherConfig(oracle=0.5),
-                               scorer)
+        _signal(turns, [router.Match(None, -1, "")] * 3, "skill", tok, TeacherConfig(oracle=0.5), scorer)
 
 
 def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(tiny):
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -1.0 if len(calls) == 3 else -3.0)  # the teacher pass of c: -1
-    lp, stats = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(), scorer)
+    lp, stats = _signal(turns, matches, "full", tok, TeacherConfig(), scorer)
     assert [len(x) for x in calls[0][:2]] == [2, 2]  # the distillation pass: both matched turns
     student, cand_teacher = calls[1], calls[2]
     c = teacher.candidate_ids(tok, "go to fridge 1")
     assert student[0] == [turns[0].prompt_ids] and cand_teacher[0] == [calls[0][0][0]]  # ordinary vs teacher prompt
     assert student[1] == cand_teacher[1] == [c] and student[2] == cand_teacher[2]
     assert stats["sd/candidate_gain_sum"] == pytest.approx(2.0 * len(c)) and stats["sd/candidate_turns"] == 1
-    _, off = teacher.teacher_signal(turns, matches, "full", tok, TeacherConfig(candidate_gain=False), scorer)
+    _, off = _signal(turns, matches, "full", tok, TeacherConfig(candidate_gain=False), scorer)
     assert "sd/candidate_turns" not in off
 
 

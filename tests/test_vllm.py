@@ -29,7 +29,8 @@ import teacher  # noqa: E402
 from embedded.warmstart import resolve  # noqa: E402
 from models import SamplingConfig, chat_ids  # noqa: E402
 from scale import vllm_engine  # noqa: E402
-from teacher import TeacherConfig, TeacherRequest, teacher_user_text  # noqa: E402
+from fakes import teacher_requests  # noqa: E402
+from teacher import TeacherConfig  # noqa: E402
 
 ATOL = 1e-4
 TEXTS = ["Your task is to: put a clean mug in coffeemachine.", "go to fridge 1",
@@ -115,17 +116,18 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
     model, tok = tiny
     engine.sync_weights(model)
     response = tok("<think>the mug is in the cabinet</think><action>go to cabinet 1</action>")["input_ids"]
-    reqs = [TeacherRequest(TEXTS[0], "Reference: go to cabinet 1, take mug 1, clean it.", response),
-            TeacherRequest(TEXTS[1], "A much longer privileged block. " * 6, tok("<action>look</action>")["input_ids"]),
-            TeacherRequest(TEXTS[2], "", [5, 6, 7, 8, 9, 10, 11]),
-            TeacherRequest(TEXTS[0], "Reference: " + "open fridge 1, " * 40, [tok.eos_token_id])]
-    lengths = sorted(len(teacher.teacher_prompt_ids(tok, r)) for r in reqs)
+    prompts, turns = teacher_requests(tok, [
+        (TEXTS[0], "Reference: go to cabinet 1, take mug 1, clean it.", response),
+        (TEXTS[1], "A much longer privileged block. " * 6, tok("<action>look</action>")["input_ids"]),
+        (TEXTS[2], "", [5, 6, 7, 8, 9, 10, 11]),
+        (TEXTS[0], "Reference: " + "open fridge 1, " * 40, [tok.eos_token_id])])
+    lengths = sorted(len(p) for p in prompts)
     cfg = TeacherConfig(max_prompt_tokens=lengths[-2])  # the longest teacher prompt is over budget
-    expected, hf_stats = teacher.score(tok, reqs, cfg, teacher.hf_scorer(model, tok.pad_token_id,
-                                                                          cfg.micro_batch_tokens, temperature))
+    expected, hf_stats = teacher.score(prompts, turns, cfg, teacher.hf_scorer(model, tok.pad_token_id,
+                                                                               cfg.micro_batch_tokens, temperature))
     # the same student prompts were just generated from, so a prefix cache would hold them: scoring must not use it
-    engine.generate([chat_ids(tok, teacher_user_text(r.context, r.user_text)) for r in reqs])
-    got, stats = teacher.score(tok, reqs, cfg, teacher.vllm_scorer(engine, temperature))
+    engine.generate(prompts)
+    got, stats = teacher.score(prompts, turns, cfg, teacher.vllm_scorer(engine, temperature))
     assert [g is None for g in got] == [e is None for e in expected] == [False, False, False, True]
     for g, e in zip(got, expected):
         if e is not None:

@@ -1,0 +1,69 @@
+"""The records a training step passes from stage to stage (pure data: no torch, no environment code).
+
+- `Turn`: one turn of an episode, the one record that flows rollout -> router -> teacher -> update -> archive.
+  The rollout writes what the policy saw and did (`step`, the prompt, the sampled response) and the env's
+  answer; the router adds `match`, the teacher `teacher_logprobs`, the trainer `advantage`. No stage rebuilds
+  it as another class.
+- `Step`: the state a turn acted in and the action it took, the part of a turn a reference trajectory keeps.
+- `Trajectory`: a successful episode as the router's reference bank keeps it (a list of Steps).
+- `Match`: the router's decision for a distilled turn: the reference, the matched position j and the candidate
+  action.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envs import Signature, Task
+
+
+@dataclass(frozen=True)
+class Step:
+    """One position of a trajectory: the state before acting and the action taken there."""
+    signature: Signature  # state before acting (envs.py contract)
+    history_key: str      # history key before acting (envs.history_key chain)
+    observation: str      # observation shown at this turn
+    action: str           # the parsed (or fallback) action sent to the env
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    traj_id: str          # unique over the whole run (the bank's archive relies on it)
+    steps: list[Step]
+    success: bool
+    final_observation: str = ""  # observation after the last action
+
+
+@dataclass(frozen=True)
+class Match:
+    ref: Trajectory | None  # None: matcher every-turn on a task without one (skill contexts need none)
+    position: int           # index j into ref.steps (-1 without a reference)
+    candidate: str          # ref.steps[position].action ("" without a reference)
+
+
+@dataclass
+class Turn:
+    """One turn-sample: what the policy saw and did, the env's answer, and what the later stages add."""
+    task: Task
+    traj_id: str
+    index: int                # position in its episode
+    step: Step                # the state it acted in and the action taken
+    group: int = 0            # task group of the step (GRPO statistics are per group)
+    user_text: str = ""       # the ordinary prompt (no privileged text, ever)
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    sample_logprobs: list[float] = field(default_factory=list)  # log-probs under the sampling policy
+    response: str = ""
+    valid: bool = True
+    parse_reason: str = "ok"
+    reward: float = 0.0       # env reward of this step
+    allowed: list[list[int]] | None = None  # restricted decoding: the allowed ids at each response position
+    admissible: list[str] | None = None     # restricted decoding: the commands the trie was built from
+    # added by the later stages
+    match: Match | None = None                   # router: the reference position to distil (None: GRPO only)
+    teacher_logprobs: list[float] | None = None  # teacher: on distilled turns only
+    advantage: float = 0.0                       # GRPO advantage of the turn's score
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id

@@ -1,0 +1,128 @@
+"""The run's append-only logs, crash-safe: metrics.jsonl and the rollout archive rollouts.jsonl.gz (a gzip JSONL of
+every trained turn, which the audits read).
+
+- `write_archive(path, rows, cap)`: append rows up to `cap` turns in all (counted in rollouts.jsonl.count).
+- `read_archive(path)` / `read_log(path)`: the complete rows; a torn last line or a truncated gzip stream is
+  skipped and counted, never fatal.
+- `trim_logs(out, step)`: on a (re)start at a checkpoint's step, rows logged after it move to *.after_step_N files,
+  so nothing is logged twice and nothing is deleted.
+"""
+
+import gzip
+import json
+import os
+import zlib
+from pathlib import Path
+
+
+def write_archive(path: Path, rows: list[dict], cap: int) -> int:
+    """Append to the gzip JSONL archive; past `cap` turns, returns how many were not written (logged, not lost)."""
+    count = path.with_suffix(".count")
+    n_before = int(count.read_text()) if count.exists() else 0
+    room = max(0, cap - n_before)
+    if room and rows:
+        with gzip.open(path, "at") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows[:room])
+        count.write_text(str(n_before + min(room, len(rows))))
+    return max(0, len(rows) - room)
+
+
+def read_archive(path: Path) -> list[dict]:
+    rows, dropped = read_log(path)
+    dropped = lost_rows(path, len(rows), dropped)
+    if dropped:
+        print(f"[archive] {path}: {dropped} partial rows skipped (a write cut short)", flush=True)
+    return [json.loads(line) for _, line in rows]
+
+
+def read_log(path: Path) -> tuple[list[tuple[int, bytes]], int]:
+    """The complete rows (step, line) of a JSONL log (gzip when it ends in .gz) and how many partial ones it holds: a
+    last line cut by a kill or a full disk during the append, an unparsable line, a truncated gzip stream."""
+    data, cut = path.read_bytes(), False
+    if path.suffix == ".gz":
+        data, cut = _gunzip_prefix(data)
+    *lines, tail = data.split(b"\n")  # tail: b"" when the file ends with a newline, else a torn last line
+    rows, dropped = [], int(bool(tail.strip()))
+    for line in (ln for ln in lines if ln.strip()):
+        try:
+            rows.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+    return rows, max(dropped, int(cut))  # a cut stream lost at least one row
+
+
+def lost_rows(path: Path, complete: int, dropped: int) -> int:
+    """Rows a damaged archive lost: a cut gzip member holds many rows, so a cut is counted against the rows
+    write_archive recorded in rollouts.jsonl.count (at least `dropped`, the partial rows read_log saw)."""
+    count = path.with_suffix(".count")
+    if not dropped or path.suffix != ".gz" or not count.is_file():
+        return dropped
+    try:
+        return max(dropped, int(count.read_text()) - complete)
+    except ValueError:  # a count file cut short itself
+        return dropped
+
+
+def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
+    """All a multi-member gzip stream (one member per append) decompresses to, up to where it was cut or damaged, and
+    whether it was. Fed in chunks, so the leftover input copied at each member's end stays small."""
+    out, member, fed, pending, i = [], zlib.decompressobj(wbits=31), False, b"", 0
+    while pending or i < len(data):
+        if not pending:
+            pending, i = data[i:i + chunk], i + chunk
+        try:
+            out.append(member.decompress(pending))
+        except zlib.error:  # damaged: keep what came out before it
+            return b"".join(out), True
+        fed, pending = True, b""
+        if member.eof:  # the next append's member starts in what is left
+            member, fed, pending = zlib.decompressobj(wbits=31), False, member.unused_data
+    return b"".join(out), fed  # a member fed but not finished: the stream was cut
+
+
+def trim_logs(out: Path, last_step: int) -> None:
+    """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the rollout
+    archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same folder) move
+    to *.after_step_N files (never overwriting an earlier one), so nothing is logged twice and nothing is deleted.
+    Partial rows (a torn last line, a truncated gzip stream) are dropped and counted; every complete row is kept."""
+    for name in ("metrics.jsonl", "rollouts.jsonl.gz"):
+        path = out / name
+        if not path.exists():
+            continue
+        rows, dropped = read_log(path)
+        dropped = lost_rows(path, len(rows), dropped)
+        keep = [ln for step, ln in rows if step <= last_step]
+        if name.endswith(".gz"):  # what write_archive counts against archive_max_turns
+            (out / "rollouts.jsonl.count").write_text(str(len(keep)))
+        if len(keep) == len(rows) and not dropped:
+            continue
+        if len(keep) < len(rows):
+            aside = _free(out, name, last_step)
+            _write_rows(aside, [ln for step, ln in rows if step > last_step])
+            print(f"[resume] {len(rows) - len(keep)} rows of {name} after step {last_step} moved to {aside}",
+                  flush=True)
+        _write_rows(path, keep)
+        if dropped:
+            print(f"[resume] {name}: {dropped} partial rows dropped (a write cut short); {len(rows)} complete rows "
+                  f"kept", flush=True)
+
+
+def _free(out: Path, name: str, step: int) -> Path:
+    """out/metrics.after_step_N.jsonl, or .after_step_N.2.jsonl, .3, ... when taken by an earlier resume."""
+    n, path = 1, out / name.replace(".jsonl", f".after_step_{step}.jsonl")
+    while path.exists():
+        n += 1
+        path = out / name.replace(".jsonl", f".after_step_{step}.{n}.jsonl")
+    return path
+
+
+def _write_rows(path: Path, rows: list[bytes]) -> None:
+    """Write (gzip for .gz) to a temporary file, then rename: a kill during the repair loses nothing."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
+            f.writelines(ln + b"\n" for ln in rows)
+    except OSError:  # a full disk: the original stays as it was, the partial copy goes
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)

@@ -1,0 +1,27 @@
+"""Small builders of records.Turn for the unit tests (the record the trainer passes from stage to stage)."""
+import envs
+from records import Step, Turn
+
+
+def turn(task_id: str, traj_id: str, index: int, step: Step, task_type: str = "t", **fields) -> Turn:
+    """A turn of task `task_id` at position `index` of trajectory `traj_id`, in the state and with the action of
+    `step`; `fields`: any other Turn field."""
+    return Turn(envs.Task(task_id, task_type, "alfworld", ""), traj_id, index, step, **fields)
+
+
+def sample(prompt_ids: list[int], response_ids: list[int], advantage: float, sample_logprobs: list[float],
+           teacher_logprobs: list[float] | None = None, allowed: list | None = None) -> Turn:
+    """A turn as the update sees it: its prompt, sampled response and learning signals."""
+    return turn("t", "traj", 0, Step((), "", "", ""), prompt_ids=prompt_ids, response_ids=response_ids,
+                advantage=advantage, sample_logprobs=sample_logprobs, teacher_logprobs=teacher_logprobs,
+                allowed=allowed)
+
+
+def teacher_requests(tokenizer, requests: list[tuple[str, str, list[int]]]) -> tuple[list[list[int]], list[Turn]]:
+    """(teacher prompt ids, turns) of (student user message, privileged context, response ids) triples, as
+    teacher.teacher_signal hands them to teacher.score."""
+    from teacher import teacher_prompt_ids
+    prompts = [teacher_prompt_ids(tokenizer, context, user_text) for user_text, context, _ in requests]
+    turns = [turn("t", "traj", 0, Step((), "", "", ""), user_text=user_text, response_ids=response)
+             for user_text, _, response in requests]
+    return prompts, turns
