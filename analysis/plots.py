@@ -9,15 +9,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import tyro
+
 
 
 @dataclass
 class PlotArgs:
     """PNG training curves and comparison bars from metrics.jsonl (and optionally eval JSON files)."""
-    run: tuple[str, ...] = ()
-    """run directories (each with metrics.jsonl)"""
-    eval_json: tuple[str, ...] = ()
-    """eval result files (evaluate.py eval --output X -> X.json) for an Avg@k / Pass@k bar chart"""
+    run: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """a run directory (with metrics.jsonl); repeat --run for each run to draw"""
+    eval_json: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """an eval result file (evaluate.py eval --output X -> X.json) for an Avg@k / Pass@k bar chart; repeat the
+    flag for several"""
     last: int = 5
     """comparison bars average the last N logged steps of each run"""
     output_dir: str = "plots"
