@@ -156,7 +156,7 @@ def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.
     return sd * sd_mask, gate * sd_mask
 
 
-def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig,
+def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig, *,
                sd_scale: float = 1.0, sd_rho=None):
     """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides
     by N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of
@@ -367,7 +367,7 @@ def _micro_batch(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float, fir
     # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, truncated at a cap)
     sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp, max=math.log(cfg.sd_is_cap)))
     loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg,
-                                 sd_scale, sd_rho)
+                                 sd_scale=sd_scale, sd_rho=sd_rho)
     loss = (loss_tok * mask).sum() / norm
     if term_grads is not None:
         _add_term_grads(term_grads, ctx.model, terms, mask, norm, cfg.sd_coef * sd_scale)

@@ -22,8 +22,10 @@ FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-si
 
 
 def run(*args, env=None, check=True):
+    """smrc.py through its CLI, on one torch thread: a run's numbers then do not depend on the machine's core
+    count (test_numbers_equal_the_recorded_run compares them bit for bit)."""
     proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=900)
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
