@@ -62,7 +62,7 @@ NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step
 
 
 # ------------------------------------------------------------------------------------------------------------
-# References, advantages, the teacher's scorer
+# References, advantages, the teacher's log-prob function
 
 
 @dataclass
@@ -114,12 +114,12 @@ def set_advantages(episodes: list[rollout.Episode], penalty: float, norm_by_std:
         turn.advantage = advantage
 
 
-def teacher_scorer(cfg: Config, run: Setup) -> teacher.Scorer:
+def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
     temperature = cfg.rollout.sampling.temperature
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response], rollout engine
-        return teacher.vllm_scorer(run.engine, temperature)
-    return teacher.hf_scorer(run.model, run.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens,
-                             temperature, bf16=cfg.grpo.bf16)  # the update's precision
+        return teacher.vllm_logprob_fn(run.engine, temperature)
+    return teacher.hf_logprob_fn(run.model, run.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens,
+                                 temperature, bf16=cfg.grpo.bf16)  # the update's precision
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
         turn.match = match
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
     sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
-                                       teacher_scorer(cfg, run))
+                                       teacher_logprob_fn(cfg, run))
     # 6. GRPO advantages per task group (turn.advantage)
     set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)

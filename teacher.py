@@ -10,13 +10,14 @@ token ids are appended unchanged and scored in one prefill, with the weights tha
 happens before the update).
 
 `teacher_signal` builds the teacher prompts of the turns the router matched (turn.match) and scores them
-through `score`, the one function both backends go through: it applies the length budget and counts the stats;
-the backend only turns (prompt ids, response ids) pairs into log-probs:
-- hf (`hf_scorer`): a transformers forward on the policy module under `torch.no_grad()`, packed by length.
+through `score_turns`, the one function both backends go through: it applies the length budget and counts the
+stats; the backend only turns (prompt ids, response ids) pairs into log-probs:
+- hf (`hf_logprob_fn`): a transformers forward on the policy module under `torch.no_grad()`, packed by length.
   Alignment: `models.collate` puts every response at the same column P after a left-padded prefix, so the
   log-prob of the first response token comes from the last teacher-prefix position whatever the prefix length
   (the off-by-one trap of verl's on-policy distillation recipe; tested against a hand-sliced forward).
-- vllm (`vllm_scorer`): prompt log-probs on the (synced) vLLM rollout engine (`VLLMEngine.score_logprobs`).
+- vllm (`vllm_logprob_fn`): prompt log-probs on the (synced) vLLM rollout engine
+  (`VLLMEngine.score_logprobs`).
 
 Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates
 silently). That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
@@ -49,7 +50,7 @@ from models import action_trie, allowed_per_position, chat_ids, collate, micro_b
 from records import Turn
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
-Scorer = Callable[[list[list[int]], list[list[int]], list | None], list[list[float]]]
+LogprobFn = Callable[[list[list[int]], list[list[int]], list | None], list[list[float]]]
 ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, the token where y leaves c)
 
 
@@ -86,13 +87,13 @@ def teacher_prompt_ids(tokenizer, context: str, user_text: str) -> list[int]:
     return chat_ids(tokenizer, teacher_user_text(context, user_text))
 
 
-def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0,
-              bf16: bool = True) -> Scorer:
+def hf_logprob_fn(model, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0,
+                  bf16: bool = True) -> LogprobFn:
     """Log-probs of each response after its prompt from a transformers forward (no autograd, eval mode), in
     the update's precision: bf16 autocast on CUDA when `bf16` (GRPOConfig.bf16), so the teacher−student gap
     carries no precision difference; float32 on CPU."""
     @torch.no_grad()
-    def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
+    def logprob_fn(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in prompts]
         device = next(model.parameters()).device
         on_cuda = bf16 and device.type == "cuda"
@@ -108,15 +109,15 @@ def hf_scorer(model, pad_id: int, micro_batch_tokens: int, temperature: float = 
                 out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
         model.train(was_training)
         return out
-    return scorer
+    return logprob_fn
 
 
-def vllm_scorer(engine, temperature: float = 1.0) -> Scorer:
+def vllm_logprob_fn(engine, temperature: float = 1.0) -> LogprobFn:
     """Log-probs of each response after its prompt from vLLM's prompt log-probs (one prefill per pair)."""
-    def scorer(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
+    def logprob_fn(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
         assert allowed is None, "restricted decoding runs on the hf engine and teacher only"
         return engine.score_logprobs(prompts, responses, temperature)
-    return scorer
+    return logprob_fn
 
 
 def candidate_ids(tokenizer, action: str) -> list[int]:
@@ -146,8 +147,8 @@ def oracle_logprobs(sample_logprobs: list[float], response_ids: list[int], candi
     return out.tolist()
 
 
-def score(prompts: list[list[int]], turns: list[Turn], cfg: TeacherConfig, scorer: Scorer,
-          candidates: list[list[int]] | None = None):
+def score_turns(prompts: list[list[int]], turns: list[Turn], cfg: TeacherConfig, logprob_fn: LogprobFn,
+                candidates: list[list[int]] | None = None):
     """Teacher log-probs of each turn's response tokens after its teacher prompt (None where the prompt is
     over the budget) and stats. With cfg.oracle > 0 nothing is scored: the oracle's log-probs of the turns'
     `candidates`."""
@@ -160,7 +161,7 @@ def score(prompts: list[list[int]], turns: list[Turn], cfg: TeacherConfig, score
                                      cfg.oracle)
     elif ok:
         restricted = [turns[i].allowed for i in ok] if any(t.allowed is not None for t in turns) else None
-        scored = scorer([prompts[i] for i in ok], [turns[i].response_ids for i in ok], restricted)
+        scored = logprob_fn([prompts[i] for i in ok], [turns[i].response_ids for i in ok], restricted)
         for i, lp in zip(ok, scored):
             out[i] = lp
     scored = ok if cfg.oracle == 0 else []
@@ -170,7 +171,8 @@ def score(prompts: list[list[int]], turns: list[Turn], cfg: TeacherConfig, score
     return out, stats
 
 
-def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfig, scorer: Scorer) -> dict:
+def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfig,
+                   logprob_fn: LogprobFn) -> dict:
     """Sets `teacher_logprobs` on the matched turns (turn.match; None stays elsewhere and on over-length
     prompts) and returns summable sd/ counts. `context` is the teacher-context variant
     (router.CONTEXT_BLOCKS)."""
@@ -183,7 +185,7 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
         context, t.match.ref, t.match, t.step.signature,
         router.skill_text(t.task.env, t.task.task_type) if with_skills else ""), t.user_text) for t in picked]
     candidates = [candidate_ids(tokenizer, t.match.candidate) for t in picked] if cfg.oracle > 0 else None
-    scored, stats = score(prompts, picked, cfg, scorer, candidates)
+    scored, stats = score_turns(prompts, picked, cfg, logprob_fn, candidates)
     gap_sum = 0.0
     for t, lp in zip(picked, scored):
         t.teacher_logprobs = lp
@@ -193,16 +195,16 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(t.response_ids) for t, _ in distilled)})
     if cfg.candidate_gain:
-        stats.update(candidate_gain(distilled, tokenizer, cfg, scorer))
+        stats.update(candidate_gain(distilled, tokenizer, cfg, logprob_fn))
     return stats
 
 
 def candidate_gain(distilled: list[tuple[Turn, list[int]]], tokenizer, cfg: TeacherConfig,
-                   scorer: Scorer) -> dict:
+                   logprob_fn: LogprobFn) -> dict:
     """Summable sd/candidate_gain counts: over the distilled turns (each with its teacher prompt ids) whose
     match has a candidate c (under restricted decoding: an admissible one, else it has probability 0), Σ_t log
     π_T(c_t) − log π_θ(c_t) over c's tokens, the teacher on the turn's teacher prompt, the student on its
-    ordinary prompt, both through `scorer` with the allowed ids the turn's trie gives c (as rollout builds
+    ordinary prompt, both through `logprob_fn` with the allowed ids the turn's trie gives c (as rollout builds
     it). The oracle teacher needs no forward: summed over c its conditionals give log((1−α)·π_θ(c) + α)."""
     t0 = time.perf_counter()
     rows = [(t, p) for t, p in distilled if t.match.ref is not None
@@ -212,10 +214,10 @@ def candidate_gain(distilled: list[tuple[Turn, list[int]]], tokenizer, cfg: Teac
         action_trie(tokenizer, [envs.action_response(a) for a in t.admissible]), c)
         for (t, _), c in zip(rows, cands)]
     allowed = allowed if any(a is not None for a in allowed) else None
-    student = scorer([t.prompt_ids for t, _ in rows], cands, allowed) if rows else []
+    student = logprob_fn([t.prompt_ids for t, _ in rows], cands, allowed) if rows else []
     if cfg.oracle > 0:
         teacher = [oracle_logprobs(lp, c, c, cfg.oracle) for lp, c in zip(student, cands)]
     else:
-        teacher = scorer([p for _, p in rows], cands, allowed) if rows else []
+        teacher = logprob_fn([p for _, p in rows], cands, allowed) if rows else []
     return {"sd/candidate_gain_sum": sum(sum(t) - sum(s) for t, s in zip(teacher, student)),
             "sd/candidate_turns": len(rows), "sd/candidate_gain_time_s": time.perf_counter() - t0}

@@ -27,7 +27,7 @@ Choices (numbered):
    needed. With require_think (free text with reasoning) a faithful fixed response would be a sampled reasoning that
    ends in the correct action; that is not implemented and such a config is refused.
 2. The score is the summed log-probability of the fixed response's tokens at the run's sampling temperature, as the
-   trainer's teacher computes it (teacher.hf_scorer, tested equal): renormalised over the admissible responses'
+   trainer's teacher computes it (teacher.hf_logprob_fn, tested equal): renormalised over the admissible responses'
    tokens at each position under the admissible action space (`restricted`, the primary measure there; the forced
    `<action>` tags contribute 0), and over the whole vocabulary (`free`, always reported).
 3. The prompt is the training prompt: rollout.turn_prompt with the run's history length and require_think (False for

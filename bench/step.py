@@ -156,7 +156,7 @@ class Recorder:
         new = [(rollout, "collect_rollouts", lambda f: self._timed("rollout", f, self._keep_rollout)),
                (teacher, "teacher_signal", lambda f: self._timed("teacher_signal", f, lambda *_: None)),
                (teacher, "candidate_gain", lambda f: self._labelled(f, "candidate gain")),
-               (smrc, "teacher_scorer", self._scorer),
+               (smrc, "teacher_logprob_fn", self._scorer),
                (grpo, "update", lambda f: self._timed("update", f, self._keep_samples))]
         new = [(mod, name, wrap) for mod, name, wrap in new if hasattr(mod, name)]  # candidate_gain: optional
         saved = [(mod, name, getattr(mod, name)) for mod, name, _ in new]

@@ -9,7 +9,7 @@
   (`scale.distributed.full_state_dict`), which is a collective, so every rank calls it.
 - `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe does it:
   one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the response positions
-  (`teacher.vllm_scorer` wraps it for `teacher.score`). Prefix caching: vLLM V1 turns it on by default for generative
+  (`teacher.vllm_logprob_fn` wraps it for `teacher.score_turns`). Prefix caching: vLLM V1 turns it on by default for generative
   models (`enable_prefix_caching` None -> True), so rollouts reuse shared prompt prefixes; but a request that asks
   for `prompt_logprobs` never reads the cache (V1's KV cache manager returns no cached blocks for it, since the
   log-probs of cached positions would not be computed), so several turns of one episode scored against the same

@@ -36,7 +36,7 @@ def test_cached_scores_equal_a_plain_forward_and_the_trainers_teacher(tiny):
     trie = action_trie(tok, [envs.action_response(a) for a in admissible])
     allowed = [allowed_per_position(trie, r) for r in responses]
     free, restricted = intervention.response_logprobs(model.eval(), prompt, responses, allowed, chunk=2)
-    scorer = teacher.hf_scorer(model, tok.pad_token_id, micro_batch_tokens=4096)
+    scorer = teacher.hf_logprob_fn(model, tok.pad_token_id, micro_batch_tokens=4096)
     trainer = scorer([prompt] * len(responses), responses, allowed)
     for r, f, lp, ref in zip(responses, free, restricted, trainer):
         with torch.no_grad():

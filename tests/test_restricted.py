@@ -58,7 +58,7 @@ def test_sampling_update_and_teacher_logprobs_agree_under_the_mask(tiny):
     assert torch.allclose(masked[mask], sampled[mask], atol=1e-5)
     assert (free[mask] < masked[mask] - 1e-3).any()  # the mask matters: without it the numbers differ
     # the teacher with an empty context and the same mask scores exactly what was sampled
-    scorer = teacher.hf_scorer(model, tok.pad_token_id, 16384)
+    scorer = teacher.hf_logprob_fn(model, tok.pad_token_id, 16384)
     scored = scorer(prompts, [g.response_ids for g in gens], [g.allowed for g in gens])
     for g, lp in zip(gens, scored):
         assert torch.allclose(torch.tensor(lp), torch.tensor(g.logprobs), atol=1e-5)

@@ -28,8 +28,8 @@ def _requests(tok):
 
 def _score(model, tok, reqs, cfg=TeacherConfig(), temperature=1.0):
     prompts, turns = teacher_requests(tok, reqs)
-    return teacher.score(prompts, turns, cfg, teacher.hf_scorer(model, tok.pad_token_id, cfg.micro_batch_tokens,
-                                                                temperature))
+    logprob_fn = teacher.hf_logprob_fn(model, tok.pad_token_id, cfg.micro_batch_tokens, temperature)
+    return teacher.score_turns(prompts, turns, cfg, logprob_fn)
 
 
 def _signal(turns, matches, context, tok, cfg, scorer):

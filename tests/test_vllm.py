@@ -123,11 +123,11 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
         (TEXTS[0], "Reference: " + "open fridge 1, " * 40, [tok.eos_token_id])])
     lengths = sorted(len(p) for p in prompts)
     cfg = TeacherConfig(max_prompt_tokens=lengths[-2])  # the longest teacher prompt is over budget
-    expected, hf_stats = teacher.score(prompts, turns, cfg, teacher.hf_scorer(model, tok.pad_token_id,
-                                                                               cfg.micro_batch_tokens, temperature))
+    hf = teacher.hf_logprob_fn(model, tok.pad_token_id, cfg.micro_batch_tokens, temperature)
+    expected, hf_stats = teacher.score_turns(prompts, turns, cfg, hf)
     # the same student prompts were just generated from, so a prefix cache would hold them: scoring must not use it
     engine.generate(prompts)
-    got, stats = teacher.score(prompts, turns, cfg, teacher.vllm_scorer(engine, temperature))
+    got, stats = teacher.score_turns(prompts, turns, cfg, teacher.vllm_logprob_fn(engine, temperature))
     assert [g is None for g in got] == [e is None for e in expected] == [False, False, False, True]
     for g, e in zip(got, expected):
         if e is not None:
