@@ -55,7 +55,6 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("eval_every", _int(0)),
     ("eval_tasks", _int(0)),
     ("eval_temperature", _real(0)),
-    ("router.history_window", _int(0)),  # None (the prompt's history length) passes
     ("router.archive_size", _int(0)),
     ("rollout.tasks_per_step", _int(1)),
     ("rollout.group_size", (_int(2)[0], "an integer >= 2 (GRPO's baseline is the mean of a group)")),
@@ -86,6 +85,7 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("teacher.micro_batch_tokens", _int(1)),
     ("{env}.max_steps", _int(1)),
     ("{env}.history_length", _int(0)),
+    ("router.history_window", _int(0)),  # after the env's history length, which it defaults to (config.resolve)
     ("{env}.invalid_action_penalty", (math.isfinite, "a finite number")),
     ("{env}.num_workers", (_int(-1)[0], "an integer >= -1 (-1: one per core, 0: in-process)")),
     ("{env}.step_timeout_s", _real(0, open_lo=True)),

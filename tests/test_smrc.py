@@ -191,7 +191,7 @@ def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
     2-task panel logs a validation row after each step and keeps the best weights."""
     proc = run(*FAST, "--algo", "skill-sd", "--steps", "2", "--save-every", "2", "--eval-every", "1",
                "--eval-tasks", "2", "--output-dir", str(tmp_path))
-    assert "matcher=every context=skill L_SD=skill-sd" in proc.stdout
+    assert "matcher=every-turn context=skill L_SD=skill-sd" in proc.stdout
     rows = metrics(tmp_path)
     train, val = [r for r in rows if "val/success_rate" not in r], [r for r in rows if "val/success_rate" in r]
     assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [1, 2]
@@ -207,7 +207,7 @@ def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
 
 def test_sdar_trains_two_steps(tmp_path):
     proc = run(*FAST, "--algo", "sdar", "--steps", "2", "--save-every", "2", "--output-dir", str(tmp_path))
-    assert "matcher=every context=skill L_SD=sdar lambda=0.01 |" in proc.stdout  # the anchor λ, not the preset's
+    assert "matcher=every-turn context=skill L_SD=sdar lambda=0.01 |" in proc.stdout  # the anchor λ
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     _distils_every_turn(rows)
@@ -329,11 +329,13 @@ def test_nan_loss_is_skipped_counted_never_saved_and_stops_the_run(tmp_path, mon
     import smrc
     calls = []
 
-    def nan_advantages(*args, **kwargs):  # every step's loss is NaN
+    def nan_advantages(episodes, *args, **kwargs):  # every step's loss is NaN
         calls.append(1)
-        return [dataclasses.replace(s, advantage=float("nan")) for s in build(*args, **kwargs)]
-    build = smrc.build_samples
-    monkeypatch.setattr(smrc, "build_samples", nan_advantages)
+        set_advantages(episodes, *args, **kwargs)
+        for turn in (t for e in episodes for t in e.turns):
+            turn.advantage = float("nan")
+    set_advantages = smrc.set_advantages
+    monkeypatch.setattr(smrc, "set_advantages", nan_advantages)
     cfg = smrc.parse_config(["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2",
                              "--alfworld.max-steps", "2", "--alfworld.num-workers", "0", "--steps", "3",
                              "--save-every", "1", "--grpo.max-nonfinite-steps", "2", "--output-dir", str(tmp_path)])
