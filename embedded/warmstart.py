@@ -49,7 +49,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v9"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v8"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
 
 
@@ -62,12 +62,11 @@ class Recipe:
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
     context_formats: int = 1   # context examples per matched state: this many of CONTEXTS, rotating (build time)
     differing_repeats: int = 3  # weight of a context example whose target differs from the plain label
-    fullpath_weight: int = 1   # and of a `fullpath` one (the hardest to read: the candidate is found by position)
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step, counting each example `weight` times
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, fullpath_weight=2),
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8),
            TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
@@ -178,19 +177,17 @@ def demonstrations(recipe: Recipe, workers: int = 2) -> list[Example]:
     return [x for game in per_game for x in game]
 
 
-def weighted(examples: list[Example], differing_repeats: int, fullpath_weight: int = 1) -> tuple[list[Example],
-                                                                                             list[int]]:
+def weighted(examples: list[Example], differing_repeats: int) -> tuple[list[Example], list[int]]:
     """Identical examples merged into one with a weight, their count (38% of plain examples repeat another state
-    exactly); a context example whose target differs from the plain label weighs `differing_repeats` times more, a
-    `fullpath` one `fullpath_weight` times more. An epoch's loss has the same terms as training on every copy; the
-    copies' forward passes are saved."""
+    exactly); a context example whose target differs from the plain label weighs `differing_repeats` times more.
+    An epoch's loss has the same terms as training on every copy; the copies' forward passes are saved."""
     counts: dict = {}
     for e in examples:
         key = (e.user_text, e.action, e.format)
         counts[key] = (counts[key][0], counts[key][1] + 1) if key in counts else (e, 1)
     unique = [e for e, _ in counts.values()]
     return unique, [n * (differing_repeats if e.format and e.action != e.plain_label else 1)
-                    * (fullpath_weight if e.format == "fullpath" else 1) for e, n in counts.values()]
+                    for e, n in counts.values()]
 
 
 def _batches(lengths: list[int], weights: list[int], budget: int, rng: random.Random) -> list[list[int]]:
@@ -229,7 +226,7 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     examples = demonstrations(recipe)
     stats = context_stats(examples)
     print(f"{path.name}: {json.dumps(stats)}", flush=True)
-    examples, weights = weighted(examples, recipe.differing_repeats, recipe.fullpath_weight)
+    examples, weights = weighted(examples, recipe.differing_repeats)  # where only reading is right: weighs more
     data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
             for e in examples]
     rng = random.Random(seed)

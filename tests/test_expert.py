@@ -105,7 +105,6 @@ def test_identical_examples_train_once_with_their_count_as_weight():
     ctx_diff = E("s1 ctx2", "go to b", "fullpath", "search", "go to a")
     examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff], differing_repeats=3)
     assert examples == [plain, ctx_diff, ctx_same] and weights == [3, 2 * 3, 1]
-    assert warmstart.weighted([plain, ctx_diff, ctx_same], 3, fullpath_weight=2)[1] == [1, 3 * 2, 1]
     lengths, weights = [10, 10, 20, 20, 30, 40], [1, 2, 3, 1, 1, 4]
     batches = warmstart._batches(lengths, weights, budget=60, rng=random.Random(0))
     assert sorted(i for b in batches for i in b) == list(range(6))
