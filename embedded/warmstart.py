@@ -33,6 +33,7 @@ import json
 import math
 import multiprocessing as mp
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,13 +182,13 @@ def weighted(examples: list[Example], differing_repeats: int) -> tuple[list[Exam
     """Identical examples merged into one with a weight, their count (38% of plain examples repeat another state
     exactly); a context example whose target differs from the plain label weighs `differing_repeats` times more.
     An epoch's loss has the same terms as training on every copy; the copies' forward passes are saved."""
-    counts: dict = {}
+    first, count = {}, Counter()
     for e in examples:
         key = (e.user_text, e.action, e.format)
-        counts[key] = (counts[key][0], counts[key][1] + 1) if key in counts else (e, 1)
-    unique = [e for e, _ in counts.values()]
-    return unique, [n * (differing_repeats if e.format and e.action != e.plain_label else 1)
-                    for e, n in counts.values()]
+        first.setdefault(key, e)
+        count[key] += 1
+    return list(first.values()), [count[k] * (differing_repeats if e.format and e.action != e.plain_label else 1)
+                                  for k, e in first.items()]
 
 
 def _batches(lengths: list[int], weights: list[int], budget: int, rng: random.Random) -> list[list[int]]:
