@@ -143,3 +143,28 @@ def test_tiny_tokenizer_gives_every_object_and_receptacle_name_one_token(tiny, g
     for task in tasks:  # the names as the games' own goals write them
         goal = alfworld_expert.goal_of(task)
         assert len(tok(" " + goal.obj, add_special_tokens=False)["input_ids"]) == 1, goal.obj
+
+
+def test_concurrent_resolvers_build_a_recipe_once(tmp_path, monkeypatch):
+    """Resolvers of one recipe at the same time (pytest workers, sweep children) wait for one build."""
+    import os
+    import threading
+    import time
+    from embedded import warmstart
+    monkeypatch.setenv("SMRC_CACHE", str(tmp_path))
+    built = []
+
+    def build(path, recipe, seed=0):  # stands in for the minutes-long build: the lock is what is tested
+        built.append(path)
+        time.sleep(0.5)
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+
+    monkeypatch.setattr(warmstart, "build_tiny_agent", build)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(warmstart.resolve("tiny-agent-quick"))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len(paths) == 3 and len(set(paths)) == 1 and os.path.exists(paths[0] + "/config.json")
