@@ -162,9 +162,11 @@ def test_concurrent_resolvers_build_a_recipe_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(warmstart, "build_tiny_agent", build)
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(warmstart.resolve("tiny-agent-quick"))) for _ in range(3)]
+    resolve = lambda: paths.append(warmstart.resolve("tiny-agent-quick"))  # noqa: E731
+    threads = [threading.Thread(target=resolve) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(built) == 1 and len(paths) == 3 and len(set(paths)) == 1 and os.path.exists(paths[0] + "/config.json")
+    assert len(built) == 1 and len(paths) == 3 and len(set(paths)) == 1
+    assert os.path.exists(os.path.join(paths[0], "config.json"))
