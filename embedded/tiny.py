@@ -1,16 +1,19 @@
 """The embedded tiny model: a 2-layer Qwen3-architecture model with a byte-level BPE tokenizer trained locally on
 agent-prompt text, so the CPU preset needs no download.
 
-`build(path)` trains the tokenizer and initialises the model, saved in Hugging Face format (atomically); `model_dir()`
-returns where it lives under `$SMRC_CACHE` (default `~/.cache/smrc`), building it on first use. From then on it is
-loaded through exactly the same `from_pretrained` path as a real model (`models.load_model`), so the CPU preset
-exercises the real loading, chat-template, checkpoint and generation code. `warmstart.py` turns it into `tiny-agent`.
+`build(path)` trains the tokenizer and initialises the model, saved in Hugging Face format (atomically);
+`model_dir()` returns where it lives under `$SMRC_CACHE` (default `~/.cache/smrc`), building it on first use, once
+across processes (`build_once`, which warmstart.py's recipes use too). From then on it is loaded through exactly
+the same `from_pretrained` path as a real model (`models.load_model`), so the CPU preset exercises the real
+loading, chat-template, checkpoint and generation code. `warmstart.py` turns it into `tiny-agent`.
 """
 
+import fcntl
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
@@ -130,6 +133,17 @@ def save_atomically(model, tokenizer, path: Path, extra: dict[str, str] | None =
 def model_dir() -> str:
     """The tiny model's directory (what `from_pretrained` takes), built on first use."""
     where = cache_dir() / f"tiny-qwen3-{TINY_VERSION}"
-    if not (where / "config.json").exists():
-        build(where)
+    build_once(where, build)
     return str(where)
+
+
+def build_once(path: Path, build_fn: Callable[[Path], None]) -> None:
+    """Build a cache entry unless it exists, under an exclusive lock beside it (`.NAME.lock`, released when the
+    file closes): a second builder at the same time (a test worker, a sweep child) waits, then finds the build."""
+    if (path / "config.json").exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "config.json").exists():
+            build_fn(path)

@@ -28,14 +28,12 @@ Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-qui
 `from_pretrained` like any model.
 """
 
-import fcntl
 import hashlib
 import json
 import math
 import multiprocessing as mp
 import random
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,17 +264,5 @@ def resolve(name: str) -> str:
         return name
     recipe = RECIPES[name]
     path = tiny.cache_dir() / f"{name}-{VERSION}-{hashlib.sha256(repr(recipe).encode()).hexdigest()[:8]}"
-    if not (path / "config.json").exists():
-        with _one_builder(path):  # a second resolver (test worker, sweep child) waits, then finds the build
-            if not (path / "config.json").exists():
-                build_tiny_agent(path, recipe)
+    tiny.build_once(path, lambda p: build_tiny_agent(p, recipe))  # a second resolver waits for this build
     return str(path)
-
-
-@contextmanager
-def _one_builder(path: Path):
-    """An exclusive lock beside a cache entry, held while it is built (released when the file closes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

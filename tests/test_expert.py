@@ -145,24 +145,27 @@ def test_tiny_tokenizer_gives_every_object_and_receptacle_name_one_token(tiny, g
         assert len(tok(" " + goal.obj, add_special_tokens=False)["input_ids"]) == 1, goal.obj
 
 
-def test_concurrent_resolvers_build_a_recipe_once(tmp_path, monkeypatch):
-    """Resolvers of one recipe at the same time (pytest workers, sweep children) wait for one build."""
+@pytest.mark.parametrize("name", ["tiny", "tiny-agent-quick"])
+def test_concurrent_resolvers_build_a_cache_entry_once(tmp_path, monkeypatch, name):
+    """Resolvers of one embedded model at the same time (pytest workers, sweep children) wait for one build:
+    the tiny model (tiny.model_dir) and a warm-start recipe (warmstart.resolve) both go through tiny.build_once."""
     import os
     import threading
     import time
-    from embedded import warmstart
+    from embedded import tiny, warmstart
     monkeypatch.setenv("SMRC_CACHE", str(tmp_path))
     built = []
 
-    def build(path, recipe, seed=0):  # stands in for the minutes-long build: the lock is what is tested
+    def build(path, *recipe, seed=0):  # stands in for the build (seconds to minutes): the lock is what is tested
         built.append(path)
         time.sleep(0.5)
         path.mkdir(parents=True)
         (path / "config.json").write_text("{}")
 
+    monkeypatch.setattr(tiny, "build", build)
     monkeypatch.setattr(warmstart, "build_tiny_agent", build)
     paths = []
-    resolve = lambda: paths.append(warmstart.resolve("tiny-agent-quick"))  # noqa: E731
+    resolve = lambda: paths.append(warmstart.resolve(name))  # noqa: E731
     threads = [threading.Thread(target=resolve) for _ in range(3)]
     for t in threads:
         t.start()
