@@ -235,7 +235,15 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
             per_run = [[m[key] for m in ms if key in m and not np.isnan(m[key])] for ms in metrics]
             if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
                 row[key] = _mean_se([np.mean(v) for v in per_run])
+        row["train_min"] = _mean_se([sum(m.get("time/step_s", 0.0) + m.get("time/val_s", 0.0) for m in ms) / 60
+                                     for ms in metrics])  # the logged steps and validations (a resume redoes none)
+        row["eval_min"] = _mean_se([_eval_seconds(r.parent / "eval" / f"{r.name}.json") / 60 for r in runs])
     return row
+
+
+def _eval_seconds(path: Path) -> float:
+    """The wall time evaluate.py recorded for a run's held-out evaluation."""
+    return float(json.loads(path.read_text())["rows"][0]["seconds"])
 
 
 def _per_task(args: LearnArgs, name: str) -> dict[str, float]:
@@ -268,8 +276,11 @@ def paired_gain(args: LearnArgs, runs: list[Path]) -> tuple[float, float]:
 
 def markdown(rows: list[dict], k: int) -> str:
     cols = [f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio",
-            "router/match_rate", "sd/distilled_share", "sd/teacher_minus_student_logp", "actor/entropy"]
-    lines = ["| run | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+            "router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
+            "actor/entropy", "train_min", "eval_min"]
+    labels = {"train_min": "train min", "eval_min": "eval min"}  # per run, 2 runs sharing the cores
+    lines = ["| run | seeds | " + " | ".join(labels.get(c, c.split("/")[-1]) for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
     for r in rows:
         cells = [f"{r[c][0]:.3f} ± {r[c][1]:.3f}" if c in r and not np.isnan(r[c][1]) else
                  (f"{r[c][0]:.3f}" if c in r else "-") for c in cols]
