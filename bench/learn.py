@@ -105,6 +105,33 @@ class LearnArgs:
     second thread poorly, and env workers overlap)"""
 
 
+def check_args(args: LearnArgs) -> None:
+    """Bad flags are one `error:` line before anything is built, trained or evaluated (the trainer's own checks
+    would come only after the warm start's minutes-long build)."""
+    def bad(flag: str, value, allowed: str):
+        raise SystemExit(f"error: --{flag} {value} is not allowed; allowed: {allowed}")
+    with_candidate = [a for a in ALGOS if ALGOS[a][0] not in ("none", "every-turn")]  # what an oracle needs
+    for flag, allowed in (("algos", list(ALGOS)), ("oracle-algos", with_candidate)):
+        values = getattr(args, flag.replace("-", "_"))
+        if any(a not in allowed for a in values) or len(set(values)) < len(values):
+            bad(flag, " ".join(values), "distinct names among " + ", ".join(allowed))
+    if not args.algos:
+        bad("algos", "(none)", "one or more of " + ", ".join(ALGOS))
+    for flag in ("seeds", "oracle-seeds"):
+        seeds = getattr(args, flag.replace("-", "_"))
+        if any(s < 0 for s in seeds) or len(set(seeds)) < len(seeds) or (flag == "seeds" and not seeds):
+            bad(flag, " ".join(map(str, seeds)) or "(none)", "one or more distinct integers >= 0")
+    for flag, low in (("steps", 1), ("save-every", 1), ("tasks-per-step", 1), ("group-size", 2),
+                      ("train-games", 1), ("eval-games", 1), ("k", 1), ("eval-every", 0), ("val-games", 1),
+                      ("workers", 1)):
+        if getattr(args, flag.replace("-", "_")) < low:
+            bad(flag, getattr(args, flag.replace("-", "_")), f"an integer >= {low}")
+    if not all(np.isfinite(lam) and lam > 0 for lam in (args.sd_coef, *args.lambdas)):
+        bad("sd-coef / --lambdas", " ".join(map(str, (args.sd_coef, *args.lambdas))), "finite numbers > 0")
+    if not 0 < args.oracle_alpha <= 1:
+        bad("oracle-alpha", args.oracle_alpha, "a number > 0 and <= 1")
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the OS has one), else os.cpu_count()."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -359,6 +386,7 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
 
 def main(args: LearnArgs) -> None:
     t0 = time.perf_counter()
+    check_args(args)
     jobs = plan(args)
     if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
         jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]

@@ -4,8 +4,10 @@ The learning claim itself lives in the benchmark's output (README), not here.
 
 Run: pytest tests/test_learn.py -q
 """
+import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,23 @@ def test_plan_puts_the_oracle_rows_beside_their_seeds():
                           ("oracle-smrc-sd", 0, 0.2), ("grpo", 1, 0.0), ("smrc-sd", 1, 0.2), ("grpo", 2, 0.0),
                           ("smrc-sd", 2, 0.2), ("oracle-fullpath-sd", 3, 0.2), ("oracle-smrc-sd", 3, 0.2)]
     assert _run_dir(args, "oracle-smrc-sd", 3, 0.2) == Path("OUT/oracle-smrc-sd-lam0.2-seed3")
+
+
+@pytest.mark.parametrize("change, flag", [
+    (dict(steps=0), "--steps 0"), (dict(seeds=()), "--seeds (none)"), (dict(seeds=(0, 0)), "--seeds 0 0"),
+    (dict(algos=("grpo", "smrc")), "--algos grpo smrc"), (dict(oracle_algos=("sdar",)), "--oracle-algos sdar"),
+    (dict(oracle_alpha=1.5), "--oracle-alpha 1.5"), (dict(lambdas=(float("nan"),)), "--sd-coef / --lambdas"),
+    (dict(group_size=1), "--group-size 1"), (dict(eval_every=-1), "--eval-every -1")])
+def test_bad_flags_are_one_error_line_before_anything_runs(tmp_path, monkeypatch, change, flag):
+    """A sweep with a bad flag stops before the warm start's build (minutes) and writes nothing."""
+    from bench import learn
+
+    def build(args):
+        raise AssertionError("the warm start was reached with a bad flag")
+    monkeypatch.setattr(learn, "check_warm_start", build)
+    with pytest.raises(SystemExit, match="^error: " + re.escape(flag)):
+        learn.main(dataclasses.replace(learn.LearnArgs(out=str(tmp_path / "out")), **change))
+    assert not (tmp_path / "out").exists()
 
 
 def _learn(out: Path) -> subprocess.CompletedProcess:
