@@ -195,7 +195,8 @@ def _train(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
         val = ["--eval-every", str(args.eval_every), "--eval-tasks", str(args.val_games)] if args.eval_every else []
         _run(args, ["smrc.py", "--preset", "learn", "--algo", row.removeprefix(ORACLE), *oracle, *val,
                     "--seed", str(seed),
-                    "--steps", str(args.steps), "--save-every", str(min(args.save_every, args.steps)), "--output-dir", str(run),
+                    "--steps", str(args.steps), "--save-every", str(min(args.save_every, args.steps)),
+                    "--output-dir", str(run),
                     "--grpo.sd-coef", str(sd_coef), "--model", args.model,
                     "--rollout.tasks-per-step", str(args.tasks_per_step),
                     "--rollout.group-size", str(args.group_size),
@@ -365,7 +366,8 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
         gain = _mean_se([m[f"avg@{args.k}"] - before[f"avg@{args.k}"] for _, m in results["grpo"]])
     table = markdown(rows, args.k)
     paired = {name: paired_gain(args, [r for r, _ in rs]) for name, rs in results.items()}
-    differences = {f"{a} − {b}": paired_difference(args, [r.name for r, _ in results[a]], [r.name for r, _ in results[b]])
+    names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
+    differences = {f"{a} − {b}": paired_difference(args, names[a], names[b])
                    for a, b in PAIRS if results.get(a) and results.get(b)}
     summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
                "paired_difference_avg@k": differences, "wall_s": seconds,
