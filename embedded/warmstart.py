@@ -51,7 +51,7 @@ from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
 VERSION = "v8"  # bump when the code that builds the examples changes; a recipe change renames its own cache
-CONTEXTS = ("fullpath", "summary", "candidate", "full")  # every format a reverse-KL algorithm's teacher shows
+CONTEXTS = ("trajectory", "summary", "candidate", "smrc")  # every format a reverse-KL algorithm's teacher shows
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
         ordinary = next(p for p in plain if p in e.user_text)  # the teacher's message holds the ordinary prompt
         assert plain[ordinary] == e.plain_label  # the plain example of the same state keeps the expert's label
         assert f"'{e.action}'" in ordinary.split("Your admissible actions", 1)[1]
-        if e.format in ("candidate", "full"):
+        if "candidate" in router.context_blocks(e.format):  # the candidate and smrc formats
             assert f": <action>{e.action}</action>" in e.user_text  # the candidate, spelled as the response
     assert any(e.action != e.plain_label for e in context)  # reading is the only way to be right there
     again = warmstart.game_examples(env, task, recipe, seed=0, plan=envs.plan(CFG, task, [], 60).actions)
@@ -102,7 +102,7 @@ def test_identical_examples_train_once_with_their_count_as_weight():
     more); batches pack the counted copies up to the budget, and every example lands in exactly one batch."""
     E = warmstart.Example
     plain, ctx_same = E("s1", "go to a"), E("s1 ctx", "go to a", "summary", "search", "go to a")
-    ctx_diff = E("s1 ctx2", "go to b", "fullpath", "search", "go to a")
+    ctx_diff = E("s1 ctx2", "go to b", "trajectory", "search", "go to a")
     examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff], differing_repeats=3)
     assert examples == [plain, ctx_diff, ctx_same] and weights == [3, 2 * 3, 1]
     lengths, weights = [10, 10, 20, 20, 30, 40], [1, 2, 3, 1, 1, 4]
