@@ -264,7 +264,7 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
             if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
                 row[key] = _mean_se([np.mean(v) for v in per_run])
         row["train_min"] = _mean_se([sum(m.get("time/step_s", 0.0) + m.get("time/val_s", 0.0) for m in ms) / 60
-                                     for ms in metrics])  # the logged steps and validations (a resume redoes none)
+                                     for ms in metrics])  # each step once (rows a resume redid moved to metrics.after_step_*)
         row["eval_min"] = _mean_se([_eval_seconds(r.parent / "eval" / f"{r.name}.json") / 60 for r in runs])
     return row
 
@@ -306,7 +306,7 @@ def markdown(rows: list[dict], k: int) -> str:
     cols = [f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio",
             "router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
             "actor/entropy", "train_min", "eval_min"]
-    labels = {"train_min": "train min", "eval_min": "eval min"}  # per run, 2 runs sharing the cores
+    labels = {"train_min": "train min", "eval_min": "eval min"}  # per run, with --workers runs at once
     lines = ["| run | seeds | " + " | ".join(labels.get(c, c.split("/")[-1]) for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for r in rows:
