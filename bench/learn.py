@@ -42,6 +42,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from embedded.warmstart import resolve  # noqa: E402
 from grpo import SD_COEF  # noqa: E402
+from scale.preflight import check_rules, int_at_least, real_in  # noqa: E402
 from smrc import ALGOS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,15 +122,12 @@ def check_args(args: LearnArgs) -> None:
         seeds = getattr(args, flag.replace("-", "_"))
         if any(s < 0 for s in seeds) or len(set(seeds)) < len(seeds) or (flag == "seeds" and not seeds):
             bad(flag, " ".join(map(str, seeds)) or "(none)", "one or more distinct integers >= 0")
-    for flag, low in (("steps", 1), ("save-every", 1), ("tasks-per-step", 1), ("group-size", 2),
-                      ("train-games", 1), ("eval-games", 1), ("k", 1), ("eval-every", 0), ("val-games", 1),
-                      ("workers", 1)):
-        if getattr(args, flag.replace("-", "_")) < low:
-            bad(flag, getattr(args, flag.replace("-", "_")), f"an integer >= {low}")
+    check_rules(args, [(name, int_at_least(low)) for name, low in (
+        ("steps", 1), ("save_every", 1), ("tasks_per_step", 1), ("group_size", 2), ("train_games", 1),
+        ("eval_games", 1), ("k", 1), ("eval_every", 0), ("val_games", 1), ("workers", 1))]
+        + [("oracle_alpha", real_in(0, 1, open_lo=True))])  # the trainer's rules, its message
     if not all(np.isfinite(lam) and lam > 0 for lam in (args.sd_coef, *args.lambdas)):
         bad("sd-coef / --lambdas", " ".join(map(str, (args.sd_coef, *args.lambdas))), "finite numbers > 0")
-    if not 0 < args.oracle_alpha <= 1:
-        bad("oracle-alpha", args.oracle_alpha, "a number > 0 and <= 1")
 
 
 def usable_cores() -> int:

@@ -38,76 +38,76 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
-def _int(lo: int):
+def int_at_least(lo: int):
     return (lambda v: isinstance(v, int) and v >= lo), f"an integer >= {lo}"
 
 
-def _real(lo: float, hi: float = math.inf, open_lo: bool = False):
+def real_in(lo: float, hi: float = math.inf, open_lo: bool = False):
     ok = (lambda v: math.isfinite(v) and (v > lo if open_lo else v >= lo) and v <= hi)
     return ok, f"a finite number {'>' if open_lo else '>='} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
 
 
 RULES = [  # (config field, (check, allowed)); {env} is the run's env section
-    ("steps", _int(1)),
-    ("save_every", _int(1)),
-    ("keep_checkpoints", _int(1)),
-    ("archive_max_turns", _int(0)),
-    ("eval_every", _int(0)),
-    ("eval_tasks", _int(0)),
-    ("eval_temperature", _real(0)),
-    ("router.archive_size", _int(0)),
-    ("rollout.tasks_per_step", _int(1)),
-    ("rollout.group_size", (_int(2)[0], "an integer >= 2 (GRPO's baseline is the mean of a group)")),
-    ("rollout.gen_batch_size", _int(1)),
-    ("rollout.max_prompt_tokens", _int(1)),
-    ("rollout.sampling.max_new_tokens", _int(1)),
-    ("rollout.sampling.temperature", _real(0, open_lo=True)),
-    ("rollout.sampling.top_p", _real(0, 1, open_lo=True)),
-    ("rollout.sampling.top_k", _int(0)),
-    ("rollout.vllm_gpu_memory", _real(0, 1, open_lo=True)),
-    ("grpo.lr", (_real(0, LR_MAX)[0], f"{_real(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
-    ("grpo.weight_decay", _real(0)),
-    ("grpo.clip_ratio_low", _real(0, 1)),
-    ("grpo.clip_ratio_high", _real(0)),
-    ("grpo.clip_ratio_c", _real(1)),
-    ("grpo.kl_coef", _real(0)),
+    ("steps", int_at_least(1)),
+    ("save_every", int_at_least(1)),
+    ("keep_checkpoints", int_at_least(1)),
+    ("archive_max_turns", int_at_least(0)),
+    ("eval_every", int_at_least(0)),
+    ("eval_tasks", int_at_least(0)),
+    ("eval_temperature", real_in(0)),
+    ("router.archive_size", int_at_least(0)),
+    ("rollout.tasks_per_step", int_at_least(1)),
+    ("rollout.group_size", (int_at_least(2)[0], "an integer >= 2 (GRPO's baseline is the mean of a group)")),
+    ("rollout.gen_batch_size", int_at_least(1)),
+    ("rollout.max_prompt_tokens", int_at_least(1)),
+    ("rollout.sampling.max_new_tokens", int_at_least(1)),
+    ("rollout.sampling.temperature", real_in(0, open_lo=True)),
+    ("rollout.sampling.top_p", real_in(0, 1, open_lo=True)),
+    ("rollout.sampling.top_k", int_at_least(0)),
+    ("rollout.vllm_gpu_memory", real_in(0, 1, open_lo=True)),
+    ("grpo.lr", (real_in(0, LR_MAX)[0], f"{real_in(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
+    ("grpo.weight_decay", real_in(0)),
+    ("grpo.clip_ratio_low", real_in(0, 1)),
+    ("grpo.clip_ratio_high", real_in(0)),
+    ("grpo.clip_ratio_c", real_in(1)),
+    ("grpo.kl_coef", real_in(0)),
     ("grpo.entropy_coef", (math.isfinite, "a finite number")),
-    ("grpo.sd_coef", _real(0)),  # None (the loss form's anchor value) passes
-    ("grpo.sd_gate_beta", _real(0)),
-    ("grpo.max_grad_norm", _real(0, open_lo=True)),
-    ("grpo.mini_batch_size", _int(1)),
-    ("grpo.micro_batch_tokens", _int(1)),
-    ("grpo.ppo_epochs", _int(1)),
-    ("grpo.max_nonfinite_steps", _int(1)),
+    ("grpo.sd_coef", real_in(0)),  # None (the loss form's anchor value) passes
+    ("grpo.sd_gate_beta", real_in(0)),
+    ("grpo.max_grad_norm", real_in(0, open_lo=True)),
+    ("grpo.mini_batch_size", int_at_least(1)),
+    ("grpo.micro_batch_tokens", int_at_least(1)),
+    ("grpo.ppo_epochs", int_at_least(1)),
+    ("grpo.max_nonfinite_steps", int_at_least(1)),
     ("grpo.sd_is_cap", ((lambda v: v >= 1), "a number >= 1 (inf: untruncated)")),  # NaN fails
-    ("teacher.oracle", _real(0, 1)),
-    ("teacher.max_prompt_tokens", _int(1)),
-    ("teacher.micro_batch_tokens", _int(1)),
-    ("{env}.max_steps", _int(1)),
-    ("{env}.history_length", _int(0)),
-    ("router.history_window", _int(0)),  # after the env's history length, which it defaults to (config.resolve)
+    ("teacher.oracle", real_in(0, 1)),
+    ("teacher.max_prompt_tokens", int_at_least(1)),
+    ("teacher.micro_batch_tokens", int_at_least(1)),
+    ("{env}.max_steps", int_at_least(1)),
+    ("{env}.history_length", int_at_least(0)),
+    ("router.history_window", int_at_least(0)),  # after the env's history length, which it defaults to (config.resolve)
     ("{env}.invalid_action_penalty", (math.isfinite, "a finite number")),
-    ("{env}.num_workers", (_int(-1)[0], "an integer >= -1 (-1: one per core, 0: in-process)")),
-    ("{env}.step_timeout_s", _real(0, open_lo=True)),
-    ("{env}.planner_timeout_s", _real(0, open_lo=True)),
+    ("{env}.num_workers", (int_at_least(-1)[0], "an integer >= -1 (-1: one per core, 0: in-process)")),
+    ("{env}.step_timeout_s", real_in(0, open_lo=True)),
+    ("{env}.planner_timeout_s", real_in(0, open_lo=True)),
 ]
 ENV_RULES = {  # the settings only one environment has
-    "alfworld": [("alfworld.num_train_games", _int(1)), ("alfworld.num_eval_games", _int(1)),
-                 ("alfworld.game_cache_size", _int(1))],
-    "webshop": [("webshop.num_products", _int(1)), ("webshop.num_eval_goals", _int(1))],
+    "alfworld": [("alfworld.num_train_games", int_at_least(1)), ("alfworld.num_eval_games", int_at_least(1)),
+                 ("alfworld.game_cache_size", int_at_least(1))],
+    "webshop": [("webshop.num_products", int_at_least(1)), ("webshop.num_eval_goals", int_at_least(1))],
 }
 EVAL_RULES = [  # evaluate.py eval's numbers (None: the checkpoint's value)
-    ("k", _int(1)),
-    ("limit", _int(0)),
-    ("tasks_per_batch", _int(1)),
-    ("temperature", _real(0)),
-    ("max_new_tokens", _int(1)),
-    ("max_steps", _int(1)),
+    ("k", int_at_least(1)),
+    ("limit", int_at_least(0)),
+    ("tasks_per_batch", int_at_least(1)),
+    ("temperature", real_in(0)),
+    ("max_new_tokens", int_at_least(1)),
+    ("max_steps", int_at_least(1)),
 ]
 
 
 def validate_config(cfg) -> None:
-    _check_rules(cfg, [(name.format(env=cfg.env), rule) for name, rule in RULES + ENV_RULES[cfg.env]])
+    check_rules(cfg, [(name.format(env=cfg.env), rule) for name, rule in RULES + ENV_RULES[cfg.env]])
     if cfg.env == "alfworld":
         unknown = [t for t in cfg.alfworld.task_types if t not in TASK_TYPES]
         if unknown or not cfg.alfworld.task_types:
@@ -118,11 +118,11 @@ def validate_config(cfg) -> None:
 
 def validate_eval_args(args) -> None:
     """evaluate.py eval's numbers and device, before anything is loaded."""
-    _check_rules(args, EVAL_RULES)
+    check_rules(args, EVAL_RULES)
     check_device(args.device)
 
 
-def _check_rules(obj, rules: list) -> None:
+def check_rules(obj, rules: list) -> None:
     for name, (ok, allowed) in rules:
         value = obj
         for part in name.split("."):
