@@ -144,13 +144,13 @@ def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
                          f"which --router.matcher {cfg.router.matcher} does not give; use a matcher with "
                          f"references (structured, with-reference, history, ...), e.g. --algo smrc-sd or "
                          f"--algo fullpath-sd")
+    if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
+        check_model(cfg.model, "--model")
     try:  # missing data: one clear message, not a traceback from deep inside
         train = envs.load_tasks(cfg.env_cfg, "train")
         panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
     except envs.DataError as e:
         raise SystemExit(f"error: {e}") from None
-    if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
-        check_model(cfg.model, "--model")
     return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
 
 

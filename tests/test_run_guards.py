@@ -320,6 +320,17 @@ def test_item12_a_model_folder_without_weights_is_refused_before_config_json(tin
     assert not out.exists()
 
 
+def test_item12_a_missing_model_is_refused_before_the_task_list_is_read(tmp_path, monkeypatch):
+    def no_tasks(*args, **kwargs):
+        raise AssertionError("the task list was read before the model was checked")
+    monkeypatch.setattr(smrc.envs, "load_tasks", no_tasks)
+    with pytest.raises(SystemExit) as e:
+        smrc.main(smrc.parse_config(["--preset", "tiny", "--model", str(tmp_path / "nowhere"),
+                                     "--output-dir", str(tmp_path / "run")]))
+    assert one_line_error(e).startswith("error: --model")
+    assert not (tmp_path / "run").exists()
+
+
 # --------------------------------------------------------------------------------------------- 7. a full disk
 
 def test_item07_a_full_disk_while_appending_metrics_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
