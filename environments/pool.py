@@ -8,9 +8,10 @@
   slot (slot s lives on worker s % num_workers, so a slot keeps its loaded games). `reset(slots, tasks)` blocks;
   `step_async(slots, actions)` sends and returns at once, `step_wait()` collects, so the trainer can generate for
   other rows meanwhile. An env exception is re-raised as `envs.EnvError` naming the task and the action (the
-  worker survives); a dead or silent worker (past cfg.step_timeout_s) is an `EnvError` too, and the pool is then
-  closed. num_workers=0 runs the envs in-process (same results, no overlap); -1 (the default) sizes the pool from the
-  cores and the episodes stepped at a time (`auto_workers`).
+  worker survives); a dead or silent worker (past cfg.step_timeout_s of the trainer's running time: a job
+  suspended and continued goes on) is an `EnvError` too, and the pool is then closed. num_workers=0 runs the
+  envs in-process (same results, no overlap); -1 (the default) sizes the pool from the cores and the episodes
+  stepped at a time (`auto_workers`).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
   workers spent computing (`worker_s`), so the trainer can report the env share of step time.
 - Workers never outlive the trainer, whatever kills it (SIGKILL included): a forked worker closes its copies of the
@@ -77,6 +78,23 @@ def auto_workers(episodes: int | None = None) -> int:
     return max(1, min(n, episodes)) if episodes else n
 
 
+SUSPENDED_GAP_S = 5.0  # a 1 s poll that returns this much later: the job was suspended, not the worker silent
+
+
+def poll_running(conn, left: float, tick: float = 1.0) -> tuple[bool, float]:
+    """conn.poll(left) that counts only the time this process ran: (answered, seconds left). A suspended job
+    (Ctrl-Z, SIGSTOP, a scheduler's suspend: the trainer and its workers stop together) sees one poll return
+    long after its tick; that gap is not the worker's silence, so it costs one tick, not the timeout."""
+    while left > 0:
+        t0 = time.monotonic()
+        answered = conn.poll(min(tick, left))
+        waited = time.monotonic() - t0
+        left -= waited if waited < tick + SUSPENDED_GAP_S else tick
+        if answered:
+            return True, max(0.0, left)
+    return conn.poll(0), 0.0
+
+
 class EnvPool:
     def __init__(self, cfg, num_workers: int | None = None, episodes: int | None = None):
         self.cfg = cfg
@@ -127,11 +145,12 @@ class EnvPool:
                     raise EnvError(f"env {cmd} failed on {self._describe(slot, cmd, arg)}: {e!r}") from e
             self.stats["worker_s"] += time.perf_counter() - t0
             return [results[s] for s in slots]
-        deadline = time.perf_counter() + self.timeout_s
+        left = self.timeout_s  # shared by the workers: all answers within timeout_s of running time
         for w, items in per_worker.items():
             conn, proc = self._conns[w], self._procs[w]
             try:
-                if not conn.poll(max(0.0, deadline - time.perf_counter())):
+                answered, left = poll_running(conn, left)
+                if not answered:
                     raise TimeoutError(f"no answer within {self.timeout_s:.0f} s (cfg.step_timeout_s)")
                 status, payload, seconds = conn.recv()
             except (EOFError, OSError, TimeoutError) as e:

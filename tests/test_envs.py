@@ -377,6 +377,44 @@ def test_workers_and_planner_exit_when_the_trainer_is_sigkilled(cfg, tasks):
     assert not left, f"{len(left)} of 2 env workers + planner outlived the SIGKILLed trainer by 5 s"
 
 
+SUSPEND_SCRIPT = """
+import multiprocessing as mp, sys, time
+sys.path.insert(0, {repo!r})
+from environments.pool import poll_running
+
+
+def worker(conn):
+    t0 = time.process_time()
+    while time.process_time() - t0 < 1.0:  # 1 s of CPU time: it makes no progress while the job is stopped
+        pass
+    conn.send("done")
+
+
+if __name__ == "__main__":
+    ours, theirs = mp.Pipe()
+    mp.get_context("fork").Process(target=worker, args=(theirs,), daemon=True).start()
+    print("waiting", flush=True)
+    answered, left = poll_running(ours, {timeout})
+    print(answered, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and SIGSTOP")
+@pytest.mark.parametrize("timeout, suspend, answered", [(5.0, 8.0, True), (0.5, 0.0, False)])
+def test_a_suspended_job_is_not_a_silent_worker(timeout, suspend, answered):
+    """Ctrl-Z or a scheduler's suspend (SIGSTOP, then SIGCONT, to the trainer and its workers together): the wait
+    for a worker's answer goes on, where a wall-clock deadline would call the worker silent and end the run (a
+    sweep run died so); a worker that is silent while the trainer runs still times out."""
+    job = subprocess.Popen([sys.executable, "-c", SUSPEND_SCRIPT.format(repo=REPO, timeout=timeout)],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert job.stdout.readline().strip() == "waiting"
+    if suspend:
+        os.killpg(job.pid, signal.SIGSTOP)
+        time.sleep(suspend)
+        os.killpg(job.pid, signal.SIGCONT)
+    assert job.communicate(timeout=60)[0].strip() == str(answered)
+
+
 def test_pool_size_follows_the_cores_ranks_and_episodes(monkeypatch):
     from environments.pool import auto_workers
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
