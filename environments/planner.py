@@ -2,9 +2,10 @@
 
 `Planner(cfg).plan(task, actions, timeout_s)` restores the state reached by replaying `actions` from reset in an env
 built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env.expert_plan()`: for ALFWorld the
-engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit passes (a
-planner call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
-restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
+engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit
+passes (time the trainer ran, `pool.poll_running`: a suspended job's pause does not count; a planner call on
+official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and restarted on
+the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
 their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
 thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
 cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
@@ -24,7 +25,7 @@ import traceback
 from multiprocessing.connection import Connection, Pipe
 
 import envs
-from environments.pool import die_with_parent
+from environments.pool import die_with_parent, poll_running
 from envs import EnvError, PlanResult, Task
 
 
@@ -87,7 +88,7 @@ class Planner:
         child.close()
         try:
             self._conn.send(self.cfg)
-            ready = self._conn.poll(120) and self._conn.recv() == "ready"
+            ready = poll_running(self._conn, 120)[0] and self._conn.recv() == "ready"
         except (EOFError, OSError):  # it died while starting
             ready = False
         if not ready:
@@ -123,7 +124,7 @@ class Planner:
         t0 = time.perf_counter()
         self._conn.send((task, list(actions)))
         try:
-            ready = self._conn.poll(timeout_s)
+            ready, _ = poll_running(self._conn, timeout_s)  # a suspended job's pause is not the planner's time
             status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
         except (EOFError, OSError) as e:
             died = f"planner process died ({e!r}, exit code {self._proc.poll()})"
