@@ -3,9 +3,9 @@
 `Planner(cfg).plan(task, actions, timeout_s)` restores the state reached by replaying `actions` from reset in an env
 built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env.expert_plan()`: for ALFWorld the
 engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit
-passes (time the trainer ran, `pool.poll_running`: a suspended job's pause does not count; a planner call on
-official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and restarted on
-the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
+passes (time the trainer ran, `pool.poll_running`: a suspended job's pause does not count; a planner
+call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
+restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
 their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
 thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
 cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
@@ -124,7 +124,7 @@ class Planner:
         t0 = time.perf_counter()
         self._conn.send((task, list(actions)))
         try:
-            ready, _ = poll_running(self._conn, timeout_s)  # a suspended job's pause is not the planner's time
+            ready, _ = poll_running(self._conn, timeout_s)  # a suspended job's pause is not planner time
             status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
         except (EOFError, OSError) as e:
             died = f"planner process died ({e!r}, exit code {self._proc.poll()})"

@@ -65,7 +65,8 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("rollout.sampling.top_p", real_in(0, 1, open_lo=True)),
     ("rollout.sampling.top_k", int_at_least(0)),
     ("rollout.vllm_gpu_memory", real_in(0, 1, open_lo=True)),
-    ("grpo.lr", (real_in(0, LR_MAX)[0], f"{real_in(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
+    ("grpo.lr", (real_in(0, LR_MAX)[0],
+                 f"{real_in(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
     ("grpo.weight_decay", real_in(0)),
     ("grpo.clip_ratio_low", real_in(0, 1)),
     ("grpo.clip_ratio_high", real_in(0)),
@@ -85,7 +86,7 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("teacher.micro_batch_tokens", int_at_least(1)),
     ("{env}.max_steps", int_at_least(1)),
     ("{env}.history_length", int_at_least(0)),
-    ("router.history_window", int_at_least(0)),  # after the env's history length, which it defaults to (config.resolve)
+    ("router.history_window", int_at_least(0)),  # after the env's history length (its default)
     ("{env}.invalid_action_penalty", (math.isfinite, "a finite number")),
     ("{env}.num_workers", (int_at_least(-1)[0], "an integer >= -1 (-1: one per core, 0: in-process)")),
     ("{env}.step_timeout_s", real_in(0, open_lo=True)),

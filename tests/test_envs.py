@@ -402,9 +402,9 @@ if __name__ == "__main__":
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and SIGSTOP")
 @pytest.mark.parametrize("timeout, suspend, answered", [(10.0, 12.0, True), (0.5, 0.0, False)])
 def test_a_suspended_job_is_not_a_silent_worker(timeout, suspend, answered):
-    """Ctrl-Z or a scheduler's suspend (SIGSTOP, then SIGCONT, to the trainer and its workers together): the wait
-    for a worker's answer goes on, where a wall-clock deadline would call the worker silent and end the run (a
-    sweep run died so); a worker that is silent while the trainer runs still times out."""
+    """Ctrl-Z or a scheduler's suspend (SIGSTOP, then SIGCONT, to the trainer and its workers together): the
+    wait for a worker's answer goes on, where a wall-clock deadline would call the worker silent and end the
+    run (a sweep run died so); a worker that is silent while the trainer runs still times out."""
     job = subprocess.Popen([sys.executable, "-c", SUSPEND_SCRIPT.format(repo=REPO, timeout=timeout)],
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert job.stdout.readline().strip() == "waiting"
