@@ -42,9 +42,10 @@ def int_at_least(lo: int):
     return (lambda v: isinstance(v, int) and v >= lo), f"an integer >= {lo}"
 
 
-def real_in(lo: float, hi: float = math.inf, open_lo: bool = False):
+def real_in(lo: float, hi: float = math.inf, open_lo: bool = False, why: str = ""):
     ok = (lambda v: math.isfinite(v) and (v > lo if open_lo else v >= lo) and v <= hi)
-    return ok, f"a finite number {'>' if open_lo else '>='} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
+    return ok, (f"a finite number {'>' if open_lo else '>='} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
+                + (f" ({why})" if why else ""))
 
 
 RULES = [  # (config field, (check, allowed)); {env} is the run's env section
@@ -65,8 +66,7 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("rollout.sampling.top_p", real_in(0, 1, open_lo=True)),
     ("rollout.sampling.top_k", int_at_least(0)),
     ("rollout.vllm_gpu_memory", real_in(0, 1, open_lo=True)),
-    ("grpo.lr", (real_in(0, LR_MAX)[0],
-                 f"{real_in(0, LR_MAX)[1]} (AdamW's first step, 10·lr, fits float32)")),
+    ("grpo.lr", real_in(0, LR_MAX, why="AdamW's first step, 10·lr, fits float32")),
     ("grpo.weight_decay", real_in(0)),
     ("grpo.clip_ratio_low", real_in(0, 1)),
     ("grpo.clip_ratio_high", real_in(0)),
