@@ -21,9 +21,11 @@ JSON exists) is not repeated, so an interrupted sweep picks up where it stopped.
 `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine from those small files
 (bench/results/learn_sweep/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
 weights (sha256), and a sweep with another build of it is refused.
-Writes OUT/results.json (every number), OUT/results.md (the table, each row's Avg@k gain over the warm start and the
-paired-by-task differences of PAIRS) and OUT/curves.png (training success, a moving average, and the in-loop
-validation success on fixed games, mean ± standard error over seeds; the λ sweep is in the table only).
+Writes OUT/results.json (every number), OUT/results.md (the table, each row's Avg@k gain over
+the warm start, the differences of PAIRS paired by task and paired by seed: the SE over tasks
+carries the panel's sampling noise, the SE over seeds the run-to-run noise of training) and
+OUT/curves.png (training success, a moving average, and the in-loop validation success on fixed
+games, mean ± standard error over seeds; the λ sweep is in the table only).
 """
 import hashlib
 import json
@@ -295,6 +297,17 @@ def paired_difference(args: LearnArgs, a: list[str], b: list[str]) -> tuple[floa
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
+def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> dict:
+    """Avg@k of row `a` minus row `b`, paired by seed (the seeds both have: a seed fixes the task
+    draws and the first step's rollouts); mean ± SE over seeds. Unlike the paired-by-task SE, it
+    carries the run-to-run variation of training, the noise that decides whether one algorithm beats
+    another."""
+    seed = lambda run: int(run.name.rsplit("-seed", 1)[1])  # noqa: E731
+    avg = {r: {seed(run): m[f"avg@{k}"] for run, m in results[r]} for r in (a, b)}
+    d = [avg[a][s] - avg[b][s] for s in sorted(set(avg[a]) & set(avg[b]))]
+    return {"mean_se": _mean_se(d), "seeds": len(d), "per_seed": d}
+
+
 def paired_gain(args: LearnArgs, runs: list[Path]) -> tuple[float, float]:
     """Avg@k gain of a row's runs over the warm start, paired by task (paired_difference)."""
     return paired_difference(args, [r.name for r in runs], ["warm-start"])
@@ -367,8 +380,11 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
     names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
     differences = {f"{a} − {b}": paired_difference(args, names[a], names[b])
                    for a, b in PAIRS if results.get(a) and results.get(b)}
+    by_seed = {f"{a} − {b}": seed_paired_difference(results, a, b, args.k)
+               for a, b in PAIRS if results.get(a) and results.get(b)}
     summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
-               "paired_difference_avg@k": differences, "wall_s": seconds,
+               "paired_difference_avg@k": differences, "seed_paired_difference_avg@k": by_seed,
+               "wall_s": seconds,
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
     if gain:
         table += f"\n\nGRPO gain over the warm start, avg@{args.k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
@@ -376,6 +392,9 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
         table += f"\n{name} gain over the warm start, avg@{args.k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     for name, (g, se) in differences.items():
         table += f"\n{name}, avg@{args.k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+    for name, d in by_seed.items():
+        (g, se), n = d["mean_se"], d["seeds"]
+        table += f"\n{name}, avg@{args.k}, paired by seed: {g:+.3f} ± {se:.3f} (SE over {n} seeds)"
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
     main_rows = {n: rs for n, rs in results.items() if n.removeprefix(ORACLE) in args.algos}  # λ sweep: table only

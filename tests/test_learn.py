@@ -83,6 +83,7 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd", "oracle-smrc-sd"}
     assert -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
     assert set(res["paired_difference_avg@k"]) == {"smrc-sd − grpo", "oracle-smrc-sd − grpo"}
+    assert res["seed_paired_difference_avg@k"]["smrc-sd − grpo"]["seeds"] == 1  # one seed: no SE over seeds
     oracle = json.loads((tmp_path / "oracle-smrc-sd-lam0.3-seed0" / "config.json").read_text())
     assert oracle["teacher"]["oracle"] == 0.5 and oracle["algo"] == "smrc-sd"  # the oracle row's own trainer flags
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
@@ -109,6 +110,23 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]] == \
         ["warm start (before RL)", "grpo"]
     assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists() and not (tmp_path / "oracle-smrc-sd-lam0.3-seed0").exists()
+
+
+def test_seed_paired_difference_pairs_the_seeds_both_rows_have(tmp_path):
+    """Row a − row b per seed they share (a seed fixes the task draws), mean ± SE over them, by hand."""
+    from bench.learn import seed_paired_difference
+    run = lambda name, avg: (tmp_path / name, {"avg@4": avg})  # noqa: E731
+    results = {"smrc-sd": [run("smrc-sd-lam0.2-seed0", 0.20), run("smrc-sd-lam0.2-seed1", 0.10),
+                           run("smrc-sd-lam0.2-seed2", 0.30)],
+               "grpo": [run("grpo-seed0", 0.15), run("grpo-seed1", 0.16), run("grpo-seed12", 0.50)]}
+    d = seed_paired_difference(results, "smrc-sd", "grpo", 4)
+    assert d["seeds"] == 2 and d["per_seed"] == pytest.approx([0.05, -0.06])  # seeds 2 and 12 have no partner
+    assert d["mean_se"][0] == pytest.approx(-0.005)
+    assert d["mean_se"][1] == pytest.approx(abs(0.05 + 0.06) / 2)  # two values: SE = |x1 − x2| / 2
+    first = {row: runs[:1] for row, runs in results.items()}
+    one = seed_paired_difference(first, "smrc-sd", "grpo", 4)
+    assert one["seeds"] == 1 and one["mean_se"][0] == pytest.approx(0.05)
+    assert one["mean_se"][1] != one["mean_se"][1]  # NaN: no SE from one seed
 
 
 def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
