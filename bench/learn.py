@@ -186,6 +186,11 @@ def _run_dir(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
     return Path(args.out) / (f"{row}-lam{sd_coef:g}-seed{seed}" if row != "grpo" else f"grpo-seed{seed}")
 
 
+def _run_seed(run: Path) -> int:
+    """The seed of a run folder that _run_dir named."""
+    return int(run.name.rsplit("-seed", 1)[1])
+
+
 def _train(args: LearnArgs, row: str, seed: int, sd_coef: float) -> Path:
     run = _run_dir(args, row, seed, sd_coef)
     final = run / f"step_{args.steps:06d}"
@@ -302,8 +307,7 @@ def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> 
     draws and the first step's rollouts); mean ± SE over seeds. Unlike the paired-by-task SE, it
     carries the run-to-run variation of training, the noise that decides whether one algorithm beats
     another."""
-    seed = lambda run: int(run.name.rsplit("-seed", 1)[1])  # noqa: E731
-    avg = {r: {seed(run): m[f"avg@{k}"] for run, m in results[r]} for r in (a, b)}
+    avg = {r: {_run_seed(run): m[f"avg@{k}"] for run, m in results[r]} for r in (a, b)}
     d = [avg[a][s] - avg[b][s] for s in sorted(set(avg[a]) & set(avg[b]))]
     return {"mean_se": _mean_se(d), "seeds": len(d), "per_seed": d}
 
@@ -378,10 +382,9 @@ def summarize(args: LearnArgs, before: dict, results: dict[str, list], seconds: 
     table = markdown(rows, args.k)
     paired = {name: paired_gain(args, [r for r, _ in rs]) for name, rs in results.items()}
     names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
-    differences = {f"{a} − {b}": paired_difference(args, names[a], names[b])
-                   for a, b in PAIRS if results.get(a) and results.get(b)}
-    by_seed = {f"{a} − {b}": seed_paired_difference(results, a, b, args.k)
-               for a, b in PAIRS if results.get(a) and results.get(b)}
+    present = [(a, b) for a, b in PAIRS if results.get(a) and results.get(b)]
+    differences = {f"{a} − {b}": paired_difference(args, names[a], names[b]) for a, b in present}
+    by_seed = {f"{a} − {b}": seed_paired_difference(results, a, b, args.k) for a, b in present}
     summary = {"args": vars(args), "rows": rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
                "paired_difference_avg@k": differences, "seed_paired_difference_avg@k": by_seed,
                "wall_s": seconds,
