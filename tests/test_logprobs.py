@@ -77,10 +77,11 @@ def test_chunked_gradients_equal_the_full_vocabulary_gradients(tiny):
             lp, ent = token_logprobs(model, batch, 1.0, with_entropy=True, allowed=allowed, chunk_tokens=chunk)
         ((lp * torch.linspace(-1, 1, lp.shape[1]) - 0.1 * ent) * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-    assert grads[0].abs().max() > 1e-4  # a real gradient
-    for g in grads[1:]:
+    scale = grads[0].abs().max()
+    assert scale > 1e-4  # a real gradient
+    for g in grads[1:]:  # float32 sums in another order: equal up to a few ulps of the largest entry
         assert g.shape == grads[0].shape
-        assert torch.allclose(g, grads[0], atol=1e-6, rtol=1e-4)
+        assert torch.allclose(g, grads[0], atol=1e-5 * scale.item(), rtol=1e-4)
 
 
 def _engine_exactness(model, tok, sampling, n=6):
