@@ -14,10 +14,13 @@ Recipe (its choices and their measurements are in the README, "Learning you can 
   prompt: the engine planner's solution (it walks straight to the hidden object) and the expert with the other
   search order (it finds the object elsewhere first, and delivers to another receptacle of the kind). Every state
   of the expert's episodes and of the reference runs that matches a reference position (router.match_structured)
-  gives a context example: the teacher's user message (router.teacher_context in one of CONTEXTS, rotating, joined
-  to the ordinary prompt as teacher.py joins them) -> the reference's next action there (the candidate). The same
-  state's plain example keeps the expert's own label, so where the two differ only the context is right
-  (`context_stats` counts that share by format and phase; the build writes it to warmstart_stats.json).
+  gives a context example: the teacher's user message (router.teacher_context, joined to the ordinary prompt
+  as teacher.py joins them) -> the reference's next action there (the candidate). Its format is one of the
+  state's own blocks (`summary`, `candidate`, `smrc`, rotating), and a state matched at its own step index
+  also gets the bare `trajectory`, which FullPath-SD's teacher must read by step number (router.match_all
+  aligns by index). The same state's plain example keeps the expert's own label, so where the two differ
+  only the context is right (`context_stats` counts that share by format and phase; the build writes it to
+  warmstart_stats.json).
   Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever it
   generalises to, as with a real LLM.
 - Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens, AdamW
@@ -50,7 +53,7 @@ from models import chat_ids, collate, load_model, token_logprobs
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v8"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v15"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 CONTEXTS = ("trajectory", "summary", "candidate", "smrc")  # every format a reverse-KL algorithm's teacher shows
 
 
@@ -61,13 +64,14 @@ class Recipe:
     layers: int = 3            # transformer layers (width 128, the tiny tokenizer)
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
-    context_formats: int = 1   # context examples per matched state: this many of CONTEXTS, rotating (build time)
+    context_formats: int = 1   # per matched state, this many of summary / candidate / smrc, rotating
     differing_repeats: int = 3  # weight of a context example whose target differs from the plain label
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step, counting each example `weight` times
+    bf16: bool = False         # bfloat16 autocast for the forward pass (weights and optimizer stay float32)
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8),
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, bf16=True),
            TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
@@ -133,8 +137,9 @@ def reference_runs(env, task: envs.Task, plan: list[str] | None) -> list[tuple[r
 def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[str] | None) -> list[Example]:
     """One game's examples. Plain: every state of the expert's clean and perturbed episodes and of the reference
     runs -> the expert's label. Context: every state of those episodes that matches a reference position
-    (router.match_structured; a reference run's own states match it), in `recipe.context_formats` of the teacher
-    formats -> the reference's next action there (the candidate). Mismatched states give no context example."""
+    (router.match_structured; a reference run's own states match it), in `recipe.context_formats` of the
+    state's formats and, matched at its own index, in the `trajectory` format -> the reference's next action
+    there (the candidate). Mismatched states give no context example."""
     rng = random.Random(seed)
     students = [labelled_episode(env, task, explorer(rng, recipe.explore_prob if k else 0.0))
                 for k in range(1 + recipe.explore_episodes)]
@@ -150,8 +155,15 @@ def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[st
                 if match is None or (t.user_text, ref.traj_id) in seen:
                     continue
                 seen.add((t.user_text, ref.traj_id))
-                for _ in range(recipe.context_formats):
-                    fmt, rotation = CONTEXTS[rotation % len(CONTEXTS)], rotation + 1
+                # the bare trajectory is read by step number, as FullPath-SD aligns it: its examples are the
+                # states matched at their own index, every one (most ask for the plain label: a teacher that
+                # trained only where the two differ learned to lean away from the plain answer,
+                # docs/notes.md v14)
+                formats = [CONTEXTS[1 + (rotation + k) % 3] for k in range(recipe.context_formats)]
+                rotation += recipe.context_formats
+                if match.position == t.index:
+                    formats.append("trajectory")
+                for fmt in formats:
                     context = router.teacher_context(fmt, ref, match, t.step.signature)
                     examples.append(Example(teacher_user_text(context, t.user_text), match.candidate, fmt,
                                             phase(task, t.step.signature), label))
@@ -242,7 +254,9 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
                           f"{recipe.epochs:g} epochs)")
     for idx in bar:
         batch = collate([data[i][0] for i in idx], [data[i][1] for i in idx], tok.pad_token_id)
-        logp, _ = token_logprobs(model, batch)                                   # (B, R)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+            logp, _ = token_logprobs(model, batch)                               # (B, R)
+        logp = logp.float()
         mask = batch.response_mask * torch.tensor([float(weights[i]) for i in idx])[:, None]  # (B, R) copies
         loss = -(logp * mask).sum() / mask.sum()  # token-mean cross-entropy over every copy
         opt.zero_grad()

@@ -83,7 +83,7 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
             assert t["match"]["candidate"] == t["match"]["ref_suffix"][0]
 
 
-RECORDED = ROOT / "tests" / "recorded" / "smrc_run.json"  # smrc_run's numbers, recorded before issue 22's refactor
+RECORDED = ROOT / "tests" / "recorded" / "smrc_run.json"  # its numbers, re-recorded with a new warm start
 
 
 def _sha256(path: Path) -> str:
@@ -92,9 +92,10 @@ def _sha256(path: Path) -> str:
 
 
 def test_numbers_equal_the_recorded_run(smrc_run):
-    """smrc_run's metrics (times aside) and final weights equal the ones recorded from the code before issue 22's
-    refactor, bit for bit: a change of code alone keeps every number. Skipped where the warm start itself came out
-    other (another machine's arithmetic), since every number follows from it."""
+    """smrc_run's metrics (times aside) and final weights equal the recorded ones (first recorded before issue
+    22's refactor, again with warm start v15), bit for bit: a change of code alone keeps every number. Skipped
+    where the warm start itself came out other (another machine's arithmetic), since every number follows from
+    it."""
     from embedded.warmstart import resolve
     recorded = json.loads(RECORDED.read_text())
     if _sha256(Path(resolve("tiny-agent-quick")) / "model.safetensors") != recorded["warm_start_sha256"]:
