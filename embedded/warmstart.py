@@ -54,7 +54,8 @@ from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
 VERSION = "v15"  # bump when the code that builds the examples changes; a recipe change renames its own cache
-CONTEXTS = ("trajectory", "summary", "candidate", "smrc")  # every format a reverse-KL algorithm's teacher shows
+STATE_FORMATS = ("summary", "candidate", "smrc")  # the formats built on the matched state's own blocks
+CONTEXTS = ("trajectory", *STATE_FORMATS)  # every format a reverse-KL algorithm's teacher shows
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Recipe:
     layers: int = 3            # transformer layers (width 128, the tiny tokenizer)
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
-    context_formats: int = 1   # per matched state, this many of summary / candidate / smrc, rotating
+    context_formats: int = 1   # per matched state, this many of STATE_FORMATS, rotating
     differing_repeats: int = 3  # weight of a context example whose target differs from the plain label
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step, counting each example `weight` times
@@ -159,7 +160,8 @@ def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[st
                 # states matched at their own index, every one (most ask for the plain label: a teacher that
                 # trained only where the two differ learned to lean away from the plain answer,
                 # docs/notes.md v14)
-                formats = [CONTEXTS[1 + (rotation + k) % 3] for k in range(recipe.context_formats)]
+                formats = [STATE_FORMATS[(rotation + k) % len(STATE_FORMATS)]
+                           for k in range(recipe.context_formats)]
                 rotation += recipe.context_formats
                 if match.position == t.index:
                     formats.append("trajectory")
