@@ -5,7 +5,8 @@
 - `AlfworldEnv`: the stock engine built directly, `textworld.envs.PddlEnv(EnvInfos(won, admissible_commands,
   facts, extras=["gamefile"]))` -> `AlfredDemangler(shuffle=False)` -> `AlfredInfos`, as ALFWorld's own
   `AlfredTWEnv` builds it (alfworld/agents/environment/alfred_tw_env.py). A game is loaded (grammar compiled) once per
-  env instance and reused across resets (a small LRU of loaded games).
+  env instance and reused across resets (a small LRU of loaded games). Two pure functions of the engine are
+  memoised for speed (`memoize_text_grammar`, `memoize_pddl_translation`: a reset 0.06-0.11 s -> 0.02-0.04 s).
 - `alfworld_signature(...)`: the structured state signature computed from the engine's PDDL facts.
 
 Signature fields. Two states are "the same" for routing iff their signatures are equal, so each field is a piece of
@@ -33,6 +34,7 @@ Deviations from verl-agent (numbered):
 """
 import atexit
 import copy
+import functools
 import json
 import os
 import re
@@ -282,6 +284,24 @@ def memoize_text_grammar() -> None:
     textgen._parse_and_convert = memoized
 
 
+def memoize_pddl_translation(maxsize: int = 32) -> None:
+    """Speed: every reset builds the game's state by translating its PDDL domain and problem to Fast Downward's
+    SAS format, twice (about 70% of a reset's time), though a game's text never changes between resets. The
+    translation is a pure function of its arguments, so the last `maxsize` are memoised; each call gets a deep
+    copy of the parsed task (the SAS text is immutable). States and observations are unchanged (tested)."""
+    import fast_downward
+    translate = fast_downward.pddl2sas
+    if getattr(translate, "memoized", False):
+        return
+    cached = functools.lru_cache(maxsize=maxsize)(translate)
+
+    def memoized(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
+        task, sas = cached(domain, problem, verbose, optimize)
+        return copy.deepcopy(task), sas
+    memoized.memoized, memoized.original, memoized.cache_info = True, translate, cached.cache_info
+    fast_downward.pddl2sas = memoized
+
+
 class AlfworldEnv:
     """One ALFWorld episode at a time on the real engine; loaded games are kept (LRU) and reused across resets."""
 
@@ -299,6 +319,7 @@ class AlfworldEnv:
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
         memoize_text_grammar()
+        memoize_pddl_translation()
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=["gamefile"])
         tw = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         tw.load(path)

@@ -126,6 +126,21 @@ def test_memoised_grammar_gives_the_same_observations(games, monkeypatch):
     plain_env.close()
 
 
+def test_memoised_translation_gives_the_same_observations(games, monkeypatch):
+    """A game's second reset reuses its PDDL translation, and plays exactly as without the memo."""
+    import fast_downward
+    env, tasks = games
+    memo_env = envs.make_env(CFG)
+    with_memo = [_observations(memo_env, tasks[3]) for _ in range(2)]
+    memo_env.close()
+    assert getattr(fast_downward.pddl2sas, "memoized", False) and fast_downward.pddl2sas.cache_info().hits >= 2
+    monkeypatch.setattr(fast_downward, "pddl2sas", fast_downward.pddl2sas.original)
+    monkeypatch.setattr(alfworld, "memoize_pddl_translation", lambda: None)
+    plain_env = envs.make_env(CFG)
+    assert [_observations(plain_env, tasks[3]) for _ in range(2)] == with_memo
+    plain_env.close()
+
+
 def _observations(env, task) -> list[str]:
     steps, res = alfworld_expert.play(env, task, random.Random(0), explore=0.5)
     return [r.observation for r, _, _ in steps] + [res.observation]
