@@ -25,7 +25,10 @@ Recipe (its choices and their measurements are in the README, "Learning you can 
   generalises to, as with a real LLM.
 - Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens, AdamW
   with warm-up and a cosine decay, batches packed by token count. Identical examples are one example weighing their
-  count (`weighted`), so an epoch sums the same loss terms without the copies' forward passes.
+  count (`weighted`), so an epoch sums the same loss terms without the copies' forward passes. The plain examples
+  train for `epochs` passes and the context examples (longer: they carry the trajectory) for `context_epochs`,
+  fewer, so that the build fits in 20 minutes on 2 cores (`training_plan`; docs/notes.md v16-v21 measure what
+  the epochs cost and buy).
 Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-quick` (fewer games, for the
 `--preset tiny` smoke run). Deterministic (seeded); saved in Hugging Face format under $SMRC_CACHE and loaded through
 `from_pretrained` like any model.
@@ -49,11 +52,11 @@ import router
 from embedded import tiny
 from environments import alfworld_expert
 from environments.alfworld import AlfworldConfig
-from models import chat_ids, collate, load_model, token_logprobs
+from models import chat_ids, load_model
 from teacher import teacher_user_text
 
 TINY, TINY_AGENT, TINY_AGENT_QUICK = "tiny", "tiny-agent", "tiny-agent-quick"
-VERSION = "v15"  # bump when the code that builds the examples changes; a recipe change renames its own cache
+VERSION = "v21"  # bump when the code that builds the examples changes; a recipe change renames its own cache
 STATE_FORMATS = ("summary", "candidate", "smrc")  # the formats built on the matched state's own blocks
 CONTEXTS = ("trajectory", *STATE_FORMATS)  # every format a reverse-KL algorithm's teacher shows
 
@@ -61,7 +64,9 @@ CONTEXTS = ("trajectory", *STATE_FORMATS)  # every format a reverse-KL algorithm
 @dataclass(frozen=True)
 class Recipe:
     games: int                 # small generated training games
-    epochs: float              # passes over the examples
+    epochs: float              # passes over the plain examples
+    context_epochs: float | None = None  # passes over the context examples (None: `epochs`)
+    trajectory_epochs: float | None = None  # passes over the bare-`trajectory` ones (None: `context_epochs`)
     layers: int = 3            # transformer layers (width 128, the tiny tokenizer)
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
@@ -72,7 +77,7 @@ class Recipe:
     bf16: bool = False         # bfloat16 autocast for the forward pass (weights and optimizer stay float32)
 
 
-RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, bf16=True),
+RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, context_epochs=1.2, bf16=True),
            TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
@@ -205,10 +210,11 @@ def weighted(examples: list[Example], differing_repeats: int) -> tuple[list[Exam
                                   for k, e in first.items()]
 
 
-def _batches(lengths: list[int], weights: list[int], budget: int, rng: random.Random) -> list[list[int]]:
-    """Examples of similar length packed up to `budget` padded tokens (each counted `weight` times, as if its copies
-    were there), in a shuffled order of batches."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+def _batches(members: list[int], lengths: list[int], weights: list[int], budget: int,
+             rng: random.Random) -> list[list[int]]:
+    """`members` of similar length packed up to `budget` padded tokens (each counted `weight` times, as if its
+    copies were there), in a shuffled order of batches."""
+    order = sorted(members, key=lambda i: (lengths[i], rng.random()))
     out, cur, copies = [], [], 0
     for i in order:
         if cur and (copies + weights[i]) * lengths[i] > budget:
@@ -219,6 +225,41 @@ def _batches(lengths: list[int], weights: list[int], budget: int, rng: random.Ra
     out += [cur] if cur else []
     rng.shuffle(out)
     return out
+
+
+def training_plan(lengths: list[int], weights: list[int], epochs: list[float], budget: int,
+                  rng: random.Random) -> list[list[int]]:
+    """The optimizer steps' batches: example i is visited `epochs[i]` times on average over ceil(max) passes,
+    its visits spread evenly over them (systematic sampling from a random offset: an example of 1 epoch in 2
+    passes is in exactly one, of 1.8 in 2 passes in 90% of each); each pass packed by `_batches`."""
+    passes = math.ceil(max(epochs))
+    offsets = [rng.random() for _ in epochs]
+    plan = []
+    for k in range(passes):
+        members = [i for i, (e, u) in enumerate(zip(epochs, offsets))
+                   if math.floor((k + 1) * e / passes + u) > math.floor(k * e / passes + u)]
+        plan += _batches(members, lengths, weights, budget, rng)
+    return plan
+
+
+def response_logprobs(model, rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """(B, R) log π of each response token of the (prompt ids, response ids) `rows`, 0 at padding, and its (B, R)
+    mask. Each row is laid out [prompt | response | padding] from column 0, so causal attention alone is exact for
+    every real token and the batch needs no padding mask: a build batch takes 0.83x the time it takes in the
+    trainer's left-padded layout (`models.collate`), with the same values up to float rounding (tested)."""
+    B, L, R = len(rows), max(len(p) + len(r) for p, r in rows), max(len(r) for _, r in rows)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    cols = torch.zeros((B, R), dtype=torch.long)     # the column whose output predicts each response token
+    targets = torch.full((B, R), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, R))
+    for i, (p, r) in enumerate(rows):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        cols[i, :len(r)] = torch.arange(len(p) - 1, len(p) + len(r) - 1)
+        targets[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1.0
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state       # (B, L, H)
+    hidden = hidden.gather(1, cols[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, R, H)
+    logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)              # (B, R, V)
+    return logp.gather(-1, targets[..., None]).squeeze(-1) * mask, mask
 
 
 def context_stats(examples: list[Example]) -> dict:
@@ -244,22 +285,23 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     examples, weights = weighted(examples, recipe.differing_repeats)  # where only reading is right: weighs more
     data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
             for e in examples]
-    rng = random.Random(seed)
-    lengths = [len(p) + len(r) for p, r in data]
-    plan = [b for _ in range(math.ceil(recipe.epochs)) for b in _batches(lengths, weights, recipe.batch_tokens, rng)]
-    plan = plan[:round(len(plan) * recipe.epochs / math.ceil(recipe.epochs))]
+    context_epochs = recipe.epochs if recipe.context_epochs is None else recipe.context_epochs
+    trajectory_epochs = context_epochs if recipe.trajectory_epochs is None else recipe.trajectory_epochs
+    epochs = [trajectory_epochs if e.format == "trajectory" else context_epochs if e.format else recipe.epochs
+              for e in examples]
+    plan = training_plan([len(p) + len(r) for p, r in data], weights, epochs, recipe.batch_tokens,
+                         random.Random(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup_cosine = lambda k: min(1.0, (k + 1) / 30) * 0.5 * (1 + math.cos(math.pi * k / len(plan)))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     model.train()
     bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples weighing {sum(weights)}, "
-                          f"{recipe.epochs:g} epochs)")
+                          f"{recipe.epochs:g} epochs, context {context_epochs:g}, "
+                          f"trajectory {trajectory_epochs:g})")
     for idx in bar:
-        batch = collate([data[i][0] for i in idx], [data[i][1] for i in idx], tok.pad_token_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
-            logp, _ = token_logprobs(model, batch)                               # (B, R)
-        logp = logp.float()
-        mask = batch.response_mask * torch.tensor([float(weights[i]) for i in idx])[:, None]  # (B, R) copies
+            logp, mask = response_logprobs(model, [data[i] for i in idx], tok.pad_token_id)   # (B, R)
+        mask = mask * torch.tensor([float(weights[i]) for i in idx])[:, None]  # (B, R) counting the copies
         loss = -(logp * mask).sum() / mask.sum()  # token-mean cross-entropy over every copy
         opt.zero_grad()
         loss.backward()

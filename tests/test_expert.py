@@ -3,8 +3,10 @@
 Run: pytest tests/test_expert.py -q
 """
 import random
+from collections import Counter
 
 import pytest
+import torch
 
 import envs
 import router
@@ -106,10 +108,40 @@ def test_identical_examples_train_once_with_their_count_as_weight():
     examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff], differing_repeats=3)
     assert examples == [plain, ctx_diff, ctx_same] and weights == [3, 2 * 3, 1]
     lengths, weights = [10, 10, 20, 20, 30, 40], [1, 2, 3, 1, 1, 4]
-    batches = warmstart._batches(lengths, weights, budget=60, rng=random.Random(0))
+    batches = warmstart._batches(list(range(6)), lengths, weights, budget=60, rng=random.Random(0))
     assert sorted(i for b in batches for i in b) == list(range(6))
     for b in batches:  # within budget, counting copies at the batch's longest length (or a single example)
         assert len(b) == 1 or sum(weights[i] for i in b) * max(lengths[i] for i in b) <= 60
+
+
+def test_training_plan_visits_each_example_its_own_number_of_epochs():
+    """Context examples at 1 epoch and plain ones at 1.8, over 2 passes: each context example is in exactly one
+    pass (half of them in each), each plain one in one or two (1.8 on average, 90% of them in each pass)."""
+    n = 2000
+    epochs = [1.0 if i % 2 else 1.8 for i in range(n)]
+    plan = warmstart.training_plan([10] * n, [1] * n, epochs, budget=100, rng=random.Random(0))
+    visits = Counter(i for b in plan for i in b)
+    assert all(visits[i] == 1 for i in range(1, n, 2))
+    plain = [visits[i] for i in range(0, n, 2)]
+    assert set(plain) == {1, 2} and abs(sum(plain) / len(plain) - 1.8) < 0.05
+    first_pass = {i for b in plan[:len(plan) // 2] for i in b}  # every batch holds 10 examples here
+    assert abs(sum(i % 2 for i in first_pass) / (n / 2) - 0.5) < 0.06
+
+
+def test_build_logprobs_equal_the_trainers(tiny):
+    """The build's [prompt | response | padding] layout (causal attention, no padding mask) gives the response
+    tokens the log-probs of the trainer's left-padded batch, and 0 at padding."""
+    from models import collate, token_logprobs
+    model, tok = tiny
+    rng = random.Random(0)
+    rows = [([rng.randrange(5, 900) for _ in range(n)], [rng.randrange(5, 900) for _ in range(m)])
+            for n, m in ((30, 4), (11, 7), (23, 1))]
+    with torch.no_grad():
+        logp, mask = warmstart.response_logprobs(model, rows, tok.pad_token_id)
+        expected, _ = token_logprobs(model, collate([p for p, _ in rows], [r for _, r in rows], tok.pad_token_id))
+    assert mask.tolist() == [[1] * m + [0] * (7 - m) for m in (4, 7, 1)]
+    torch.testing.assert_close(logp, expected, atol=1e-5, rtol=1e-5)
+    assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()
 
 
 def test_memoised_grammar_gives_the_same_observations(games, monkeypatch):
