@@ -93,7 +93,7 @@ def _sha256(path: Path) -> str:
 
 def test_numbers_equal_the_recorded_run(smrc_run):
     """smrc_run's metrics (times aside) and final weights equal the recorded ones (first recorded before issue
-    22's refactor, again with warm start v15), bit for bit: a change of code alone keeps every number. Skipped
+    22's refactor, again with warm start v21), bit for bit: a change of code alone keeps every number. Skipped
     where the warm start itself came out other (another machine's arithmetic), since every number follows from
     it."""
     from embedded.warmstart import resolve
