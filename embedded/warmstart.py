@@ -66,7 +66,6 @@ class Recipe:
     games: int                 # small generated training games
     epochs: float              # passes over the plain examples
     context_epochs: float | None = None  # passes over the context examples (None: `epochs`)
-    trajectory_epochs: float | None = None  # passes over the bare-`trajectory` ones (None: `context_epochs`)
     layers: int = 3            # transformer layers (width 128, the tiny tokenizer)
     explore_episodes: int = 2  # perturbed expert episodes per game, besides the clean one
     explore_prob: float = 0.3  # chance that a "go to" of the expert is replaced by a random one
@@ -286,18 +285,15 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
             for e in examples]
     context_epochs = recipe.epochs if recipe.context_epochs is None else recipe.context_epochs
-    trajectory_epochs = context_epochs if recipe.trajectory_epochs is None else recipe.trajectory_epochs
-    epochs = [trajectory_epochs if e.format == "trajectory" else context_epochs if e.format else recipe.epochs
-              for e in examples]
-    plan = training_plan([len(p) + len(r) for p, r in data], weights, epochs, recipe.batch_tokens,
+    plan = training_plan([len(p) + len(r) for p, r in data], weights,
+                         [context_epochs if e.format else recipe.epochs for e in examples], recipe.batch_tokens,
                          random.Random(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup_cosine = lambda k: min(1.0, (k + 1) / 30) * 0.5 * (1 + math.cos(math.pi * k / len(plan)))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     model.train()
     bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples weighing {sum(weights)}, "
-                          f"{recipe.epochs:g} epochs, context {context_epochs:g}, "
-                          f"trajectory {trajectory_epochs:g})")
+                          f"{recipe.epochs:g} epochs, context {context_epochs:g})")
     for idx in bar:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
             logp, mask = response_logprobs(model, [data[i] for i in idx], tok.pad_token_id)   # (B, R)
