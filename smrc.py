@@ -52,6 +52,7 @@ from records import Trajectory, Turn
 from scale import distributed
 from scale.checkpoint import load_trainer_state, save_checkpoint, seed_step, set_aside_newer
 from scale.distributed import World, init_distributed, print0
+from scale.memory import Memory, return_freed_memory
 from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
 from scale.run_logs import trim_logs
@@ -79,6 +80,7 @@ class Setup:
     validation: Validation | None = None  # the fixed validation panel and its settings (--eval-every)
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
+    memory: Memory | None = None  # per-phase peak memory and the out-of-memory watchdog (scale/memory.py)
 
 
 def step_tasks(cfg: Config, run: Setup, world: World, step: int) -> list[envs.Task]:
@@ -174,8 +176,10 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
         ref_model.requires_grad_(False)
-    if grpo.grad_checkpointing_on(cfg.grpo, model, world.device):
+    if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
+        if world.device.type == "cpu":  # the resident size then follows the live tensors (scale/memory.py)
+            return_freed_memory()
     model = distributed.wrap(model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
     bank = router.ReferenceBank(cfg.router.archive_size)
@@ -196,7 +200,7 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
                             cfg.steps)
     return Setup(train_tasks=tasks[0], model=model, tokenizer=tokenizer, ref_model=ref_model,
                  optimizer=optimizer, bank=bank, start=start, engine=engine, validation=validation,
-                 nonfinite=guards["nonfinite_streak"])
+                 nonfinite=guards["nonfinite_streak"], memory=Memory(world.device))
 
 
 def main(cfg: Config) -> None:
@@ -225,10 +229,12 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
                   f"L_SD={cfg.grpo.sd_loss} lambda={cfg.grpo.sd_coef:g}{oracle} | "
                   f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
                   f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
+    run.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
     try:
         for step in range(run.start, cfg.steps):
             train_step(cfg, world, pool, run, step)
     finally:
+        run.memory.close()
         if run.replay_env is not None:
             run.replay_env.close()
         getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook)
@@ -242,9 +248,10 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     for task in (tasks + step_tasks(cfg, run, world, step + 1)) if cfg.router.seed_with_planner else []:
         envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background (step 3 waits less)
     # 2. roll out (ordinary prompts only): every turn is one records.Turn, the later stages read and add to it
-    episodes, counters = rollout.collect_rollouts(run.engine, pool, run.tokenizer, tasks, cfg.rollout,
-                                                  cfg.env_cfg, tag=f"s{step}r{world.rank}",
-                                                  show_progress=world.is_main)
+    with run.memory.phase("rollout"):
+        episodes, counters = rollout.collect_rollouts(run.engine, pool, run.tokenizer, tasks, cfg.rollout,
+                                                      cfg.env_cfg, tag=f"s{step}r{world.rank}",
+                                                      show_progress=world.is_main)
     turns: list[Turn] = [t for e in episodes for t in e.turns]
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
     new_refs = planner_references(cfg, run, tasks) if cfg.router.seed_with_planner else []
@@ -256,25 +263,27 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     for turn, match in zip(turns, router.route(turns, run.bank, cfg.router, rng)):
         turn.match = match
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
-    sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
-                                       teacher_logprob_fn(cfg, run))
+    with run.memory.phase("teacher"):
+        sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
+                                           teacher_logprob_fn(cfg, run))
     # 6. GRPO advantages per task group (turn.advantage)
     set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
     t_update = time.perf_counter()
     getattr(run.engine, "sleep", lambda: None)()
-    actor = grpo.update(run.model, run.optimizer, turns, cfg.grpo, pad_id=run.tokenizer.pad_token_id,
-                        temperature=cfg.rollout.sampling.temperature, ref_model=run.ref_model,
-                        world=world if world.enabled else None, nonfinite_streak=run.nonfinite)
+    with run.memory.phase("update"):
+        actor = grpo.update(run.model, run.optimizer, turns, cfg.grpo, pad_id=run.tokenizer.pad_token_id,
+                            temperature=cfg.rollout.sampling.temperature, ref_model=run.ref_model,
+                            world=world if world.enabled else None, nonfinite_streak=run.nonfinite)
     run.nonfinite = actor["actor/nonfinite_streak"]
     # 8. sync the rollout engine, archive the turns, log, checkpoint
     run.engine.sync_weights(run.model)
+    mem = run.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
              "rows": archive_rows(step + 1, episodes, run.bank, cfg.router, cfg.archive_max_turns),
              "route": router.route_metrics(turns, run.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
-                 "peak_mem_gb": (torch.cuda.max_memory_allocated(world.device) / 2**30
-                                 if world.device.type == "cuda" else 0.0)},
+                 "peak_gpu_mem_gb": max(mem.values()) if world.device.type == "cuda" else 0.0}, "mem": mem,
              "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
     everyone = world.gather(local)
     if world.is_main:

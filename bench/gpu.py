@@ -50,6 +50,7 @@ from environments.alfworld import AlfworldConfig  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
 from models import HFEngine, SamplingConfig  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
+from scale.memory import Memory  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
 ARCHS = {  # the public config.json values of each model; vocab 151936 (the models' embedding size)
@@ -175,12 +176,13 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
     solutions of every train game."""
     model = build_model(args.arch, tok, world.device, args.seed)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.grpo.kl_coef > 0 else None
-    if grpo.grad_checkpointing_on(cfg.grpo, model, world.device):
+    if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
     s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok, ref_model=ref_model,
                    optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay),
                    bank=router.ReferenceBank(cfg.router.archive_size), start=0,
-                   engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16))
+                   engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16),
+                   memory=Memory(world.device))
     if cfg.algo != "grpo":  # the random policy never wins: the planner's solutions are the references
         for ref in smrc.planner_references(cfg, s, s.train_tasks):
             s.bank.add_planner(ref)
@@ -213,8 +215,9 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
     if s.replay_env is not None:
         s.replay_env.close()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    result = {"rows": rows, "steps": steps, "peak_mem_gib": peak_memory_gib(world.device),
-              "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model, world.device),
+    phase_peaks = [v for r in rows for k, v in r.items() if k.startswith("mem/")]  # each phase resets the peak
+    result = {"rows": rows, "steps": steps, "peak_mem_gib": max([peak_memory_gib(world.device), *phase_peaks]),
+              "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model),
               "params": sum(p.numel() for p in s.model.parameters())}
     del s
     if world.device.type == "cuda":

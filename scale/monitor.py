@@ -77,7 +77,8 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
          "time/env_s": max(r["counters"]["env_s"] for r in everyone),
          "time/env_share": max(r["counters"]["env_s"] for r in everyone) / dt,
          "time/update_s": max(r["times"]["update_s"] for r in everyone),
-         "time/peak_gpu_mem_gb": max(r["times"]["peak_mem_gb"] for r in everyone),
+         "time/peak_gpu_mem_gb": max(r["times"]["peak_gpu_mem_gb"] for r in everyone),
+         **{k: max(r["mem"].get(k, 0.0) for r in everyone) for k in everyone[0]["mem"]},
          "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
     append_line(out / "metrics.jsonl", json.dumps(m))
     print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
@@ -85,6 +86,8 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
           f"gap {m['sd/teacher_minus_student_logp']:.3f} | cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
           f"grad sd/grpo {actor.get('actor/sd_grpo_grad_ratio', math.nan):.3f} | {dt:.1f}s "
           f"(env {m['time/env_share']:.0%})"
+          + (f" | peak mem {max(v for k, v in m.items() if k.startswith('mem/')):.1f} GiB"
+             if any(k.startswith("mem/") for k in m) else "")
           + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
           flush=True)
 

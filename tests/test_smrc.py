@@ -100,7 +100,7 @@ def test_numbers_equal_the_recorded_run(smrc_run):
     recorded = json.loads(RECORDED.read_text())
     if _sha256(Path(resolve("tiny-agent-quick")) / "model.safetensors") != recorded["warm_start_sha256"]:
         pytest.skip("tiny-agent-quick was built with other numbers here than where the run was recorded")
-    rows = [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_time_s")}
+    rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/")) and not k.endswith("_time_s")}
             for r in metrics(smrc_run)]
     assert json.dumps(rows) == json.dumps(recorded["metrics"])  # every key, in order, NaN included
     assert _sha256(smrc_run / "step_000002" / "model.safetensors") == recorded["weights_sha256"]
