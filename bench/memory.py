@@ -97,7 +97,8 @@ def table(log: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="", help="also write every phase's peak to this JSON file")
     parser.add_argument("smrc_args", nargs=argparse.REMAINDER, help="-- then smrc.py's flags")
     args = parser.parse_args(argv)

@@ -73,7 +73,8 @@ class Recipe:
     differing_repeats: int = 3  # weight of a context example whose target differs from the plain label
     lr: float = 3e-3
     batch_tokens: int = 8192   # padded tokens per optimizer step, counting each example `weight` times
-    bf16: bool = False         # bfloat16 autocast for the forward pass (weights and optimizer stay float32)
+    bf16: bool = False         # bfloat16 autocast for the forward pass (weights and optimizer stay float32),
+    #                            where the CPU computes bf16 natively (native_bf16); float32 elsewhere
 
 
 RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, context_epochs=1.2, bf16=True),
@@ -292,10 +293,12 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     warmup_cosine = lambda k: min(1.0, (k + 1) / 30) * 0.5 * (1 + math.cos(math.pi * k / len(plan)))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     model.train()
+    bf16 = recipe.bf16 and native_bf16()  # emulated bf16 is ~6x slower than float32 (AVX2-only CPUs)
+    stats.update(bf16_autocast=bf16, cpu_capability=torch.backends.cpu.get_cpu_capability())
     bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples weighing {sum(weights)}, "
                           f"{recipe.epochs:g} epochs, context {context_epochs:g})")
     for idx in bar:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logp, mask = response_logprobs(model, [data[i] for i in idx], tok.pad_token_id)   # (B, R)
         mask = mask * torch.tensor([float(weights[i]) for i in idx])[:, None]  # (B, R) counting the copies
         loss = -(logp * mask).sum() / mask.sum()  # token-mean cross-entropy over every copy
@@ -309,6 +312,12 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     tiny.save_atomically(model, tok, path, extra={"warmstart_stats.json": json.dumps(stats, indent=1)})
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)
+
+
 def resolve(name: str) -> str:
     """What `from_pretrained` takes for a model name: the embedded `tiny`, `tiny-agent`, `tiny-agent-quick`
     directories (built on first use, under $SMRC_CACHE), anything else unchanged (a hub id or a directory)."""
@@ -317,6 +326,8 @@ def resolve(name: str) -> str:
     if name not in RECIPES:
         return name
     recipe = RECIPES[name]
-    path = tiny.cache_dir() / f"{name}-{VERSION}-{hashlib.sha256(repr(recipe).encode()).hexdigest()[:8]}"
+    precision = "-fp32" if recipe.bf16 and not native_bf16() else ""  # not the same weights: its own folder
+    digest = hashlib.sha256(repr(recipe).encode()).hexdigest()[:8]
+    path = tiny.cache_dir() / f"{name}-{VERSION}-{digest}{precision}"
     tiny.build_once(path, lambda p: build_tiny_agent(p, recipe))  # a second resolver waits for this build
     return str(path)

