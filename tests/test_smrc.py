@@ -145,7 +145,7 @@ def test_resume_reproduces_the_uninterrupted_run(smrc_run, tmp_path):
     a, b = metrics(full)[1], metrics(part)[1]
     assert a["step"] == b["step"] == 2
     for k in a:
-        if not k.startswith("time/") and not k.endswith("_time_s"):
+        if not k.startswith(("time/", "mem/")) and not k.endswith("_time_s"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7, nan_ok=True), k
 
 
