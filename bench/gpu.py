@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import copy
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ from environments.alfworld import AlfworldConfig  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
 from models import HFEngine, SamplingConfig  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
-from scale.memory import Memory  # noqa: E402
+from scale.memory import Memory, peak_bytes, reset_peak  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
 ARCHS = {  # the public config.json values of each model; vocab 151936 (the models' embedding size)
@@ -138,24 +137,6 @@ class Meter:
                 setattr(mod, name, fn)
 
 
-def peak_memory_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        with contextlib.suppress(OSError):
-            Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak RSS (VmHWM)
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def run_config(args, algo: str, out: Path) -> smrc.Config:
     """The run's Config: every train game is played every step (their planner solutions are made before timing)."""
     env = AlfworldConfig(source="generated", room_size=args.room, num_train_games=args.tasks, num_eval_games=1,
@@ -193,7 +174,7 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
     """`args.steps` training steps of `algo`: the metrics rows smrc.py logs, plus this benchmark's counts per step."""
     cfg = run_config(args, algo, out)
     Path(cfg.output_dir).mkdir(parents=True)
-    peak_memory_reset(world.device)
+    reset_peak(world.device)
     s = setup_run(args, cfg, tok, world)
     meter = Meter(world.device)
     hooks = [s.model.register_forward_pre_hook(meter.count(None), with_kwargs=True)]
@@ -216,7 +197,7 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
         s.replay_env.close()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     phase_peaks = [v for r in rows for k, v in r.items() if k.startswith("mem/")]  # each phase resets the peak
-    result = {"rows": rows, "steps": steps, "peak_mem_gib": max([peak_memory_gib(world.device), *phase_peaks]),
+    result = {"rows": rows, "steps": steps, "peak_mem_gib": max([peak_bytes(world.device) / 2**30, *phase_peaks]),
               "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model),
               "params": sum(p.numel() for p in s.model.parameters())}
     del s

@@ -19,6 +19,7 @@ This module imports nothing from the project (a leaf).
 
 import ctypes
 import os
+import resource
 import sys
 import threading
 from contextlib import contextmanager
@@ -134,16 +135,12 @@ class Memory:
     def _fold(self) -> None:
         if not self.open:
             return
-        cuda = self.device.type == "cuda"
-        peak = torch.cuda.max_memory_allocated(self.device) if cuda else _status_kib("VmHWM") * 1024
+        peak = peak_bytes(self.device)
         for name in self.open:
             self.peaks[name] = max(self.peaks.get(name, 0), peak)
 
     def _reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            _reset_peak_rss()
+        reset_peak(self.device)
 
     def metrics(self) -> dict:
         """{mem/<phase>_peak_gb} of the phases since the last call (then cleared)."""
@@ -152,8 +149,12 @@ class Memory:
         return out
 
 
-def _reset_peak_rss() -> None:
-    """VmHWM := VmRSS (Linux `clear_refs` 5); elsewhere the peak stays the process's peak so far."""
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak: torch's peak allocated memory on CUDA; on CPU VmHWM := VmRSS (Linux `clear_refs` 5;
+    elsewhere the peak stays the process's peak so far)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -161,6 +162,11 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def peak_rss_gb() -> float:
-    return _status_kib("VmHWM") / 2 ** 20
-
+def peak_bytes(device: torch.device) -> int:
+    """The peak since `reset_peak`: allocated memory on CUDA, resident memory (VmHWM) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        return _status_kib("VmHWM") * 1024
+    except OSError:  # no /proc: the process's peak so far (KiB on Linux)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
