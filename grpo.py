@@ -157,26 +157,39 @@ def sd_losses(logp, old_logp, teacher_logp, sd_mask, form: str, beta: float = 5.
     return sd * sd_mask, gate * sd_mask
 
 
-def loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg: GRPOConfig, *,
-               sd_scale: float = 1.0, sd_rho=None):
+@dataclass
+class TokenTerms:
+    """What `loss_terms` reads of one micro-batch: (B, R) tensors over its response positions (`advantages`:
+    (B,))."""
+    logp: torch.Tensor                  # log π_θ(y_t) of the sampled tokens, with gradient
+    old_logp: torch.Tensor              # log π_old(y_t), the sampling policy's
+    ref_logp: torch.Tensor              # log π_ref(y_t), the KL anchor's (logp.detach() without one)
+    teacher_logp: torch.Tensor          # log π_T(y_t) on the distilled turns' tokens (0 elsewhere)
+    sd_mask: torch.Tensor               # 1 on the distilled turns' response tokens
+    advantages: torch.Tensor            # (B,) the turn-samples' GRPO advantages
+    entropy: torch.Tensor               # H(π_θ) at each position
+    sd_rho: torch.Tensor | None = None  # the reverse-kl term's detached importance ratio (None = 1)
+
+
+def loss_terms(x: TokenTerms, cfg: GRPOConfig, sd_scale: float = 1.0):
     """Per-token loss (B, R) from straight-line tensor math; the caller sums over response tokens and divides
     by N_tokens. `sd_scale` (N_tokens / N_distilled with sd_norm = distilled, else 1) makes L_SD's share of
-    that Σ ℓ_t / N_distilled; `sd_rho` (B, R) is the reverse-kl term's detached importance ratio (None =
-    1)."""
-    A = advantages.unsqueeze(-1)                                                  # (B, 1)
-    ratio = torch.exp(logp - old_logp)                                            # (B, R)
+    that Σ ℓ_t / N_distilled."""
+    A = x.advantages.unsqueeze(-1)                                                # (B, 1)
+    ratio = torch.exp(x.logp - x.old_logp)                                        # (B, R)
     pg_losses1 = -A * ratio
     pg_losses2 = -A * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)                             # (B, R) PPO clip
     pg_losses = torch.where(A < 0, torch.minimum(pg_losses, -A * cfg.clip_ratio_c), pg_losses)  # dual clip
-    rho = torch.ones_like(logp) if sd_rho is None else sd_rho                    # (B, R) sg(ρ) of reverse-kl
-    sd, gate = sd_losses(logp, old_logp, teacher_logp, sd_mask, cfg.sd_loss, cfg.sd_gate_beta, rho)  # (B, R)
-    log_r = ref_logp - logp
+    rho = torch.ones_like(x.logp) if x.sd_rho is None else x.sd_rho              # (B, R) sg(ρ) of reverse-kl
+    sd, gate = sd_losses(x.logp, x.old_logp, x.teacher_logp, x.sd_mask, cfg.sd_loss, cfg.sd_gate_beta,
+                         rho)                                                     # (B, R)
+    log_r = x.ref_logp - x.logp
     kl = (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)                # (B, R) k3 estimator
-    loss = pg_losses + cfg.sd_coef * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * entropy
+    loss = pg_losses + cfg.sd_coef * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * x.entropy
     clipped = (pg_losses2 > pg_losses1).float()
-    return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=entropy, clipfrac=clipped, ratio=ratio,
-                      gap=(teacher_logp - logp).detach() * sd_mask, gate=gate, sd_rho=rho * sd_mask)
+    return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=x.entropy, clipfrac=clipped, ratio=ratio,
+                      gap=(x.teacher_logp - x.logp).detach() * x.sd_mask, gate=gate, sd_rho=rho * x.sd_mask)
 
 
 class _OneProcess:
@@ -194,29 +207,50 @@ class _OneProcess:
 
 def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: int, temperature: float = 1.0,
            ref_model=None, world=None, nonfinite_streak: int = 0) -> dict:
-    """One rollout batch of guarded optimizer steps; returns the actor/ metrics. `world`: a multi-process
-    scale.distributed.World (None: one process). A mini-batch whose loss or gradient norm is not finite (on
-    any rank) takes no step; `nonfinite_streak` carries the count of such steps in a row across calls
-    (returned as actor/nonfinite_streak), and at cfg.max_nonfinite_steps the run stops with an error."""
+    """One rollout batch of guarded optimizer steps, L = L_GRPO + λ·L_SD + β·KL − c_H·H; returns the actor/
+    metrics. `world`: a multi-process scale.distributed.World (None: one process). A mini-batch whose loss or
+    gradient norm is not finite (on any rank) takes no step; `nonfinite_streak` carries the count of such
+    steps in a row across calls, and at cfg.max_nonfinite_steps the run stops with an error."""
     world = world or _OneProcess()
-    minis = _mini_batches(samples, cfg.mini_batch_size, world)
     device = next(model.parameters()).device
     on_cuda = cfg.bf16 and device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
-    ctx = _Pass(model, ref_model, cfg, pad_id, temperature, device, autocast,
-                on_policy=len(minis) == 1 and cfg.ppo_epochs == 1, world=world)
-    # the same keys on every rank, for the reduction in actor_metrics
-    sums = dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate", "sd_rho",
-                          "rollout_logprob_gap", "tokens", "sd_tokens",
-                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)
-    grad_norms, skips = [], 0
-    measured = _measured_mini_batch(minis)
+    minis = _mini_batches(samples, cfg.mini_batch_size, world)  # one optimizer step each
+    on_policy = len(minis) == 1 and cfg.ppo_epochs == 1  # then π_old is this forward's, detached
+    measured = _measured_mini_batch(minis) if _can_measure_terms(cfg, model) else None
+    sums, grad_norms, skips = _empty_sums(), [], 0
     model.train()
     for epoch in range(cfg.ppo_epochs):
         for m, mb in enumerate(minis):
+            first = epoch == 0 and m == 0  # on the weights that sampled: ρ = 1
+            norm, sd_scale = _normalisers(mb, cfg, world)  # token-mean over the global mini-batch
+            term_grads = {} if (epoch, m) == (0, measured) else None
             optimizer.zero_grad(set_to_none=True)
-            mb_loss = _mini_batch(ctx, mb, sums, first=epoch == 0 and m == 0,
-                                  measure=epoch == 0 and m == measured)
+            mb_loss = 0.0
+            for chunk in _micro_batch_passes(model, mb, cfg, world, pad_id, temperature, autocast):
+                batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
+                batch = batch.to(device)
+                mask = batch.response_mask.float()                                              # (B, R)
+                allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
+                with autocast:
+                    logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True,
+                                                   allowed=allowed)                             # (B, R)
+                    ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, allowed, logp)  # (B, R)
+                sampled, teacher_logp, distilled, advantages = _sample_tensors(chunk, mask.shape[1], device)
+                old_logp = logp.detach() if on_policy else sampled                              # (B, R)
+                sd_mask = distilled * mask                                                      # (B, R)
+                # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, capped)
+                sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp,
+                                                                  max=math.log(cfg.sd_is_cap)))
+                loss_tok, terms = loss_terms(TokenTerms(logp, old_logp, ref_logp, teacher_logp, sd_mask,
+                                                        advantages, entropy, sd_rho), cfg, sd_scale)
+                loss = (loss_tok * mask).sum() / norm
+                if term_grads is not None:  # measurement only: ∇L_GRPO and ∇(λ·L_SD) apart
+                    _add_term_grads(term_grads, model, terms, mask, norm, cfg.sd_coef * sd_scale)
+                loss.backward()
+                mb_loss += float(loss.detach())
+                _add_stats(sums, terms, mask, sd_mask, sampled, logp)
+            _record_term_norms(sums, term_grads)
             grad_norm = _clip_grad_norm(model, cfg.max_grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
             skips += nonfinite_streak > 0
@@ -224,18 +258,7 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     return actor_metrics(sums, world, grad_norms, optimizer.param_groups[0]["lr"], skips, nonfinite_streak)
 
 
-@dataclass
-class _Pass:
-    """What every micro-batch of one `update` shares."""
-    model: torch.nn.Module
-    ref_model: torch.nn.Module | None
-    cfg: GRPOConfig
-    pad_id: int
-    temperature: float
-    device: torch.device
-    autocast: object
-    on_policy: bool  # one mini-batch, one epoch: the old log-probs are this forward's, detached
-    world: object    # scale.distributed.World or _OneProcess
+# ---- what `update` leaves off the loss's page: batching, rank agreements, bookkeeping --------------------
 
 
 def _mini_batches(samples: list[Sample], size: int, world) -> list[list[Sample]]:
@@ -246,37 +269,80 @@ def _mini_batches(samples: list[Sample], size: int, world) -> list[list[Sample]]
     return [samples[bounds[m]:bounds[m + 1]] for m in range(n_mini)]
 
 
-def _mini_batch(ctx: _Pass, mb: list[Sample], sums: dict, first: bool, measure: bool = False) -> float:
-    """Forward/backward of one mini-batch over its micro-batches (gradients accumulated, stats added to
-    `sums`); returns its loss. `first`: the step's first mini-batch, on the weights that sampled; `measure`:
-    also the term gradient norms."""
-    # token-mean over the global mini-batch; DDP averages gradients, so each rank divides by its share
-    n_tokens = ctx.world.all_sum(float(sum(len(s.response_ids) for s in mb)))
-    n_sd = ctx.world.all_sum(float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None)))
-    sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if ctx.cfg.sd_norm == "distilled" else 1.0
-    chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], ctx.cfg.micro_batch_tokens)
-    # every rank runs as many forward/backward passes (DDP syncs on the last, FSDP gathers on each): a rank
-    # with fewer micro-batches adds zero-loss passes
-    n_passes = ctx.world.all_max(len(chunks))
-    measure = measure and ctx.cfg.term_grad_norms and not hasattr(ctx.model, "unshard")  # not under FSDP
-    term_grads: dict = {}  # the first mini-batch's ∇L_GRPO and ∇(λ·L_SD), summed over its micro-batches
-    mb_loss = 0.0
+def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float]:
+    """(this rank's share of the global mini-batch's response tokens: the loss's divisor, DDP averaging the
+    gradients over ranks; sd_scale: N_tokens / N_distilled with --grpo.sd-norm distilled, else 1)."""
+    n_tokens = world.all_sum(float(sum(len(s.response_ids) for s in mb)))
+    n_sd = world.all_sum(float(sum(len(s.response_ids) for s in mb if s.teacher_logprobs is not None)))
+    sd_scale = max(n_tokens, 1.0) / max(n_sd, 1.0) if cfg.sd_norm == "distilled" else 1.0
+    return max(n_tokens, 1.0) / world.world_size, sd_scale
+
+
+def _micro_batch_passes(model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int, temperature: float,
+                        autocast):
+    """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
+    each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
+    many passes (DDP syncs on the last, FSDP gathers parameters on each): a rank with fewer micro-batches
+    runs zero-loss passes of one pad token instead."""
+    chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
+    n_passes = world.all_max(len(chunks))
     for c in range(n_passes):
         last = c == n_passes - 1
-        sync = nullcontext() if last or not hasattr(ctx.model, "no_sync") else ctx.model.no_sync()
-        with sync:
-            if c >= len(chunks):
-                _padding_pass(ctx)
+        with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+            if c < len(chunks):
+                yield [mb[i] for i in chunks[c]]
                 continue
-            stats = _micro_batch(ctx, [mb[i] for i in chunks[c]], max(n_tokens, 1.0) / ctx.world.world_size,
-                                 sd_scale, first, term_grads if measure else None)
-        mb_loss += stats.pop("loss")
-        for k, v in stats.items():
-            sums[k] = sums.get(k, 0.0) + v
-    for name, grads in term_grads.items():
+            batch = collate([[pad_id]], [[pad_id]], pad_id).to(next(model.parameters()).device)
+            with autocast:
+                logp, _ = token_logprobs(model, batch, temperature)
+            (logp.sum() * 0.0).backward()
+
+
+def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, allowed, logp):
+    """log π_ref of the sampled tokens (no gradient), or logp.detach() (a KL of 0) without a KL anchor."""
+    if cfg.kl_coef <= 0 or ref_model is None:
+        return logp.detach()
+    with torch.no_grad():
+        return token_logprobs(ref_model, batch, temperature, allowed=allowed)[0]
+
+
+def _sample_tensors(mb: list[Sample], R: int, device):
+    """The turn-samples' recorded lists as tensors: sampling log-probs (B, R), teacher log-probs (B, R; 0 off
+    the distilled turns), which turns are distilled (B, 1), advantages (B,)."""
+    sampled = _pad([s.sample_logprobs for s in mb], R).to(device)
+    teacher = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
+    distilled = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device)
+    advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
+    return sampled, teacher, distilled, advantages
+
+
+def _empty_sums() -> dict:
+    """The summed stats of an update, the same keys on every rank (reduced in actor_metrics)."""
+    return dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate", "sd_rho",
+                          "rollout_logprob_gap", "tokens", "sd_tokens",
+                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)
+
+
+def _add_stats(sums: dict, terms: dict, mask, sd_mask, sampled, logp) -> None:
+    """Add a micro-batch's per-token terms (summed over its response tokens) to `sums`, and the gap between
+    the rollout engine's sampling log-probs and this forward on the same tokens (rounding only in float32)."""
+    for k, v in terms.items():
+        sums[k] += float((v.detach() * mask).sum())
+    sums["rollout_logprob_gap"] += float(((sampled - logp.detach()).abs() * mask).sum())
+    sums["tokens"] += float(mask.sum())
+    sums["sd_tokens"] += float(sd_mask.sum())
+
+
+def _can_measure_terms(cfg: GRPOConfig, model) -> bool:
+    """--grpo.term-grad-norms, and not under FSDP (its gradients are sharded)."""
+    return cfg.term_grad_norms and not hasattr(model, "unshard")
+
+
+def _record_term_norms(sums: dict, term_grads: dict | None) -> None:
+    """The measured mini-batch's ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ into `sums`."""
+    for name, grads in (term_grads or {}).items():
         sums[f"grad_norm_{name}"] = float(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
-    sums["grad_norm_measured"] = sums.get("grad_norm_measured", 0.0) + (1.0 if term_grads else 0.0)
-    return mb_loss
+    sums["grad_norm_measured"] += 1.0 if term_grads else 0.0
 
 
 def _measured_mini_batch(mini_batches: list[list[Sample]]) -> int:
@@ -333,52 +399,6 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
                          f"stops here without saving (limit: --grpo.max-nonfinite-steps "
                          f"{cfg.max_nonfinite_steps})")
     return streak + 1
-
-
-def _padding_pass(ctx: _Pass) -> None:
-    """A zero-loss forward/backward of one pad token: keeps a rank with fewer micro-batches in step with the
-    others (DDP syncs gradients on the last pass, FSDP gathers parameters on each)."""
-    batch = collate([[ctx.pad_id]], [[ctx.pad_id]], ctx.pad_id).to(ctx.device)
-    with ctx.autocast:
-        logp, _ = token_logprobs(ctx.model, batch, ctx.temperature)
-    (logp.sum() * 0.0).backward()
-
-
-def _micro_batch(ctx: _Pass, mb: list[Sample], norm: float, sd_scale: float, first: bool,
-                 term_grads: dict | None) -> dict:
-    """Forward/backward of one micro-batch, its loss divided by `norm` (this rank's share of the mini-batch's
-    tokens); returns its summable stats and its loss."""
-    cfg, device = ctx.cfg, ctx.device
-    batch = collate([s.prompt_ids for s in mb], [s.response_ids for s in mb], ctx.pad_id).to(device)
-    R = batch.response_ids.shape[1]
-    mask = batch.response_mask.float()                                                     # (B, R)
-    allowed = [s.allowed for s in mb] if any(s.allowed is not None for s in mb) else None  # the sampling mask
-    with ctx.autocast:
-        logp, entropy = token_logprobs(ctx.model, batch, ctx.temperature, with_entropy=True,
-                                       allowed=allowed)                                         # (B, R)
-        ref_logp = logp.detach()
-        if cfg.kl_coef > 0 and ctx.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = token_logprobs(ctx.ref_model, batch, ctx.temperature, allowed=allowed)
-    old_logp = logp.detach() if ctx.on_policy else _pad([s.sample_logprobs for s in mb], R).to(device)
-    teacher_logp = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
-    distilled = [[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb]
-    sd_mask = torch.tensor(distilled, device=device) * mask                                # (B, R)
-    advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
-    # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, truncated at a cap)
-    sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp, max=math.log(cfg.sd_is_cap)))
-    loss_tok, terms = loss_terms(logp, old_logp, ref_logp, teacher_logp, sd_mask, advantages, entropy, cfg,
-                                 sd_scale=sd_scale, sd_rho=sd_rho)
-    loss = (loss_tok * mask).sum() / norm
-    if term_grads is not None:
-        _add_term_grads(term_grads, ctx.model, terms, mask, norm, cfg.sd_coef * sd_scale)
-    loss.backward()
-    stats = {k: float((v.detach() * mask).sum()) for k, v in terms.items()}
-    # the rollout engine's sampling log-probs vs this forward on the same tokens (rounding only in float32)
-    sampled = _pad([s.sample_logprobs for s in mb], R).to(device)
-    stats["rollout_logprob_gap"] = float(((sampled - logp.detach()).abs() * mask).sum())
-    stats.update(tokens=float(mask.sum()), sd_tokens=float(sd_mask.sum()), loss=float(loss.detach()))
-    return stats
 
 
 def _add_term_grads(acc: dict, model, terms: dict, mask, norm: float, sd_weight: float) -> None:

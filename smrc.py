@@ -50,7 +50,7 @@ from environments.pool import EnvPool
 from models import HFEngine, load_model
 from records import Trajectory, Turn
 from scale import distributed
-from scale.checkpoint import load_trainer_state, save_checkpoint, seed_step, set_aside_newer
+from scale.checkpoint import initial_weights, load_trainer_state, save_checkpoint, seed_step, set_aside_newer
 from scale.distributed import World, init_distributed, print0
 from scale.memory import Memory, return_freed_memory
 from scale.monitor import Validation, log_step, save_best, validate
@@ -208,8 +208,9 @@ def main(cfg: Config) -> None:
     tasks = check_inputs(cfg)
     world = init_distributed(cfg.device)
     # the folder is this run's alone (a lock) while it runs; the checkpoint to resume is verified before the
-    # config (and what --algo, the preset and the flags resolved to: the λ applied, ...) is recorded
-    with open_run(cfg, world) as ckpt:
+    # config is recorded: what --algo, the preset and the flags resolved to (the λ applied, ...) and the
+    # initial weights' sha256 (an embedded model is built then, by rank 0)
+    with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as ckpt:
         seed_step(cfg.seed, 0, world.rank)
         # first: the workers fork before any model or engine exists; sized for this rank's episodes
         episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size

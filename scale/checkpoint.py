@@ -304,13 +304,21 @@ def resume_checkpoint(out: Path, resume_from: str = "") -> Path | None:
     raise SystemExit(f"error: cannot resume from {ckpt}: {problem}; {hint}")
 
 
-def record_config(out: Path, cfg, ckpt: Path | None) -> None:
+def initial_weights(name: str, path: str) -> dict:
+    """Which weights a run starts from: --model, the folder it resolved to, and the sha256 of each of its
+    *.safetensors files (`sha256sum` digests; none for a hub id not on disk)."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return {"model": name, "path": path, "sha256": {f.name: sha256(f) for f in files}}
+
+
+def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None) -> None:
     """After preflight and the resume checks: a new run (or a resume that found no checkpoint) writes
-    config.json (its flags and what they resolved to). A resume never overwrites it: the flags that differ
-    from the resumed checkpoint's smrc_config.json are appended to config.resumes.jsonl, one row per
-    resume."""
+    config.json (its flags, what they resolved to, and `init`: the weights it starts from, initial_weights).
+    A resume never overwrites it: the flags that differ from the resumed checkpoint's smrc_config.json are
+    appended to config.resumes.jsonl, one row per resume."""
     values = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as JSON lists, as saved configs hold
-    dump = json.dumps({**values, "resolved": cfg.resolved()}, indent=1)
+    dump = json.dumps({**values, "resolved": {**cfg.resolved(), "initial_weights": init}}, indent=1)
     print(dump, flush=True)
     if ckpt is None:
         with stop_on_io_error(out / "config.json"):

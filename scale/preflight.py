@@ -212,10 +212,10 @@ def check_model_dir(path: Path, flag: str) -> bool:
 
 
 @contextmanager
-def open_run(cfg, world):
+def open_run(cfg, world, describe_init=lambda: None):
     """The output folder for the run's life: locked and prepared (rank 0), the checkpoint to resume verified
-    (every rank), then the config recorded (rank 0). Yields the verified checkpoint (None: a run from step
-    0)."""
+    (every rank), then the config recorded with `describe_init()`, the weights the run starts from (rank 0).
+    Yields the verified checkpoint (None: a run from step 0)."""
     out = Path(cfg.output_dir)
     lock = lock_run(out) if world.is_main else None
     try:
@@ -223,7 +223,7 @@ def open_run(cfg, world):
             prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
         ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None
         if world.is_main:
-            record_config(out, cfg, ckpt)
+            record_config(out, cfg, ckpt, describe_init())
         yield ckpt
     finally:
         if lock is not None:

@@ -16,7 +16,8 @@ from grpo import grpo_advantages, loss_terms
 
 
 def GRPOConfig(**fields) -> grpo.GRPOConfig:
-    """A resolved GRPOConfig, as config.resolve gives the update: the reverse-kl form at λ = 1 unless given."""
+    """A resolved GRPOConfig, as config.resolve gives the update:
+    the reverse-kl form at λ = 1 unless given."""
     return grpo.GRPOConfig(**{"sd_loss": "reverse-kl", "sd_coef": 1.0, **fields})
 
 
@@ -74,7 +75,8 @@ def test_clipped_surrogate_matches_naive_and_boundaries():
 
 
 class ToyLM(torch.nn.Module):
-    """A context-free 'language model': one logit vector shared by every position (enough for gradient signs)."""
+    """A context-free 'language model': one logit vector shared by every position
+    (enough for gradient signs)."""
 
     def __init__(self, V=5):
         super().__init__()
@@ -187,7 +189,7 @@ def test_grad_checkpointing_auto_is_on_for_large_models_only():
     assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing=True), small)  # an older config.json
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The four L_SD forms against hand-computed values and gradients (anchors.md §2.2, §10.5-10.6)
 
 def _one_token(form, p_student, p_teacher, p_old, beta=5.0):
@@ -217,7 +219,8 @@ def test_sd_forms_match_hand_computed_values_and_gradients(p_teacher):
     # grpo-opsd: the sdar form with g = 0.5
     val, grad, gate = _one_token("grpo-opsd", p, p_teacher, old)
     assert (val, grad, gate) == pytest.approx((0.5 * d, -0.5, 0.5), rel=1e-5)
-    # signs, as descent moves log π_θ by −grad: the KL forms follow the teacher, the likelihood forms always push up
+    # signs, as descent moves log π_θ by −grad: the KL forms follow the teacher,
+    # the likelihood forms always push up
     for form in ("reverse-kl", "skill-sd"):
         assert (_one_token(form, p, p_teacher, old)[1] < 0) == (d > 0)
     for form in ("sdar", "grpo-opsd"):
@@ -233,8 +236,9 @@ def test_skill_sd_importance_weight_is_capped_at_e10_and_its_gradient_then_stops
 
 @pytest.mark.parametrize("form", list(grpo.SD_COEF))
 def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_tokens(form):
-    """Through loss_terms: the resolved λ (the form's anchor value, or --grpo.sd-coef) scales the term, and a token that is
-    not distilled (teacher log-prob padded with 0, a padding-like student log-prob) has no loss, no gradient, no NaN."""
+    """Through loss_terms: the resolved λ (the form's anchor value, or --grpo.sd-coef) scales the term, and a
+    token that is not distilled (teacher log-prob padded with 0, a padding-like student log-prob) has no loss,
+    no gradient, no NaN."""
     logp = torch.tensor([[math.log(0.2), -60.0]], requires_grad=True)
     z = torch.zeros(1, 2)
     teacher, mask = torch.tensor([[math.log(0.5), 0.0]]), torch.tensor([[1.0, 0.0]])
@@ -251,8 +255,9 @@ def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_token
 
 
 def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
-    """Advantages 0, no KL, no entropy: only L_SD moves the weights. One distilled turn of 2 tokens, one GRPO-only
-    turn of 3: `distilled` gives the gradient of `all` times 5/2, and leaves GRPO-only batches alone."""
+    """Advantages 0, no KL, no entropy: only L_SD moves the weights. One distilled turn of 2 tokens, one
+    GRPO-only turn of 3: `distilled` gives the gradient of `all` times 5/2, and leaves GRPO-only batches
+    alone."""
     teacher = [math.log(0.6), math.log(0.1)]
     samples = [sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher), sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
     grads = {}
@@ -263,15 +268,17 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
         grads[norm] = m.logits.grad.clone()
     assert grads["all"].abs().sum() > 0
     assert torch.allclose(grads["distilled"], grads["all"] * 5 / 2, rtol=1e-5)
-    # by hand for `all`: Σ over the 2 distilled tokens of (log π_θ − log π_T)·∇log π_θ(y) / 5, uniform π_θ = 1/5
+    # by hand for `all`: Σ over the 2 distilled tokens of (log π_θ − log π_T)·∇log π_θ(y) / 5,
+    # uniform π_θ = 1/5
     p = torch.full((5,), 0.2)
     expected = sum((math.log(0.2) - t) * (torch.nn.functional.one_hot(torch.tensor(y), 5) - p)
                    for y, t in zip([0, 3], teacher)) / 5
     assert torch.allclose(grads["all"], expected.float(), atol=1e-6)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The oracle teacher through the reverse-kl loss, the importance ratio of later mini-batches, the term gradient norms
+# ------------------------------------------------------------------------------------------------------------
+# The oracle teacher through the reverse-kl loss, the importance ratio of later mini-batches, the term
+# gradient norms
 
 def _onehot(y, V=5):
     return torch.nn.functional.one_hot(torch.tensor(y), V).float()
@@ -281,7 +288,8 @@ def _onehot(y, V=5):
 def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
     """ToyLM at uniform π = 1/5; the student sampled y = (0, 3), the candidate is c = (0, 1). The oracle's
     conditionals: y_1 = c_1, p_T = 0.2(1−α) + α; y_2 leaves c, p_T = 0.04(1−α) / (0.2(1−α) + α) (0 at α = 1:
-    floored). Gradient = Σ_t (log π_θ(y_t) − log p_T(y_t))·(e_{y_t} − π) / 2 tokens; 0 at α = 0 (teacher = student)."""
+    floored). Gradient = Σ_t (log π_θ(y_t) − log p_T(y_t))·(e_{y_t} − π) / 2 tokens; 0 at α = 0 (teacher =
+    student)."""
     import teacher
     T = teacher.oracle_logprobs([math.log(0.2)] * 2, [0, 3], [0, 1], alpha)
     p1 = 0.2 * (1 - alpha) + alpha
@@ -300,10 +308,10 @@ def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
 
 @pytest.mark.parametrize("cap", [math.inf, 1.2])  # untruncated, and truncated at 1.2
 def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_frozen(cap):
-    """Two mini-batches of one distilled token y = 0 each, sampled at uniform weights w0 (log π_old = log 0.2), the
-    teacher's log-probs fixed before the update (log 0.5: the teacher does not move within the step). SGD, lr 1:
-    mini-batch 1: g1 = (log π_w0(0) − log 0.5)·(e_0 − π_w0), ρ = 1; mini-batch 2 at w1 = w0 − g1:
-    g2 = ρ·(log π_w1(0) − log 0.5)·(e_0 − π_w1), ρ = min(π_w1(0) / 0.2, cap) > 1."""
+    """Two mini-batches of one distilled token y = 0 each, sampled at uniform weights w0 (log π_old =
+    log 0.2), the teacher's log-probs fixed before the update (log 0.5: the teacher does not move within the
+    step). SGD, lr 1: mini-batch 1: g1 = (log π_w0(0) − log 0.5)·(e_0 − π_w0), ρ = 1; mini-batch 2 at w1 = w0
+    − g1: g2 = ρ·(log π_w1(0) − log 0.5)·(e_0 − π_w1), ρ = min(π_w1(0) / 0.2, cap) > 1."""
     old, T = math.log(0.2), math.log(0.5)
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, mini_batch_size=1,
@@ -323,8 +331,8 @@ def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_f
 
 @pytest.mark.parametrize("budget", [8192, 3])  # one micro-batch, or one per sample (norms of the summed gradients)
 def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
-    """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the same
-    update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
+    """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the
+    same update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
     samples = [sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
                sample([1], [2], -1.0, [math.log(0.2)])]
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, micro_batch_tokens=budget)
@@ -346,8 +354,8 @@ def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
 
 
 def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
-    """A first mini-batch of an all-fail group without a teacher (both terms zero) is not measured; the next one is,
-    and its norms are the gradient norms of that mini-batch's own terms."""
+    """A first mini-batch of an all-fail group without a teacher (both terms zero) is not measured; the next
+    one is, and its norms are the gradient norms of that mini-batch's own terms."""
     lp = torch.log_softmax(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5]), -1).tolist()  # ToyLM's: the ratio is 1
     quiet = sample([1], [2], 0.0, [lp[2]])
     busy = sample([1], [0, 3], 1.0, [lp[0], lp[3]], [math.log(0.6), math.log(0.1)])

@@ -6,6 +6,7 @@ Run: pytest tests/test_learn.py -q
 """
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -16,38 +17,74 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0", "--algos", "grpo", "smrc-sd",
-         "--oracle-algos", "smrc-sd", "--oracle-seeds", "0", "--eval-every", "2", "--val-games", "2",
+SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0",
+         "--rows", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3", "--eval-every", "2", "--val-games", "2",
          "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2",
-         "--workers", "2", "--sd-coef", "0.3"]
+         "--workers", "2"]
 
 
-def test_plan_runs_each_loss_form_at_its_lambda():
-    """The trajectory-context methods run at --sd-coef (and the λ sweep), the skill-text baselines at their anchor λ."""
-    from bench.learn import LearnArgs, plan
-    args = LearnArgs(algos=("grpo", "smrc-sd", "skill-sd", "sdar", "fullpath-sd"), seeds=(0, 1), lambdas=(0.1, 0.3, 1),
-                     oracle_algos=(), sd_coef=0.3)
-    main = [("grpo", 0.0), ("smrc-sd", 0.3), ("skill-sd", 0.001), ("sdar", 0.01), ("fullpath-sd", 0.3)]
-    assert plan(args) == [(a, s, lam) for s in (0, 1) for a, lam in main] + \
-        [("smrc-sd", 0, 0.1), ("fullpath-sd", 0, 0.1), ("smrc-sd", 0, 1), ("fullpath-sd", 0, 1)]
+def test_a_row_name_gives_its_algorithm_lambda_and_alpha():
+    """A row without λ runs at the λ the trainer resolves for the learn preset (reverse-KL forms 0.2, the
+    skill-text forms their anchors'); a named λ or α is the row's; the name is the run folders' prefix."""
+    from bench.learn import Row, parse_row
+    from config import PRESET_SD_COEF
+    from grpo import SD_COEF
+    assert parse_row("grpo") == Row("grpo", 0.0)
+    assert parse_row("smrc-sd") == Row("smrc-sd", PRESET_SD_COEF["learn"])
+    assert parse_row("sdar") == Row("sdar", SD_COEF["sdar"]) and parse_row("skill-sd").sd_coef == SD_COEF["skill-sd"]
+    assert parse_row("grpo-opsd-lam0.05") == Row("grpo-opsd", 0.05)
+    row = parse_row("oracle-fullpath-sd-a0.99-lam1")
+    assert row == Row("fullpath-sd", 1.0, 0.99) and row.name == "oracle-fullpath-sd-a0.99-lam1"
+    assert parse_row("oracle-smrc-sd-a0.5").name == f"oracle-smrc-sd-a0.5-lam{PRESET_SD_COEF['learn']:g}"
+    assert parse_row("smrc-sd-lam0.03").name == "smrc-sd-lam0.03"
 
 
-def test_plan_puts_the_oracle_rows_beside_their_seeds():
-    """Oracle rows run at the reverse-KL λ on their own seeds, each seed's rows together (seed-major), and get their
-    own run folders, which pass --teacher.oracle to the trainer."""
-    from bench.learn import LearnArgs, _run_dir, plan
-    args = LearnArgs(algos=("grpo", "smrc-sd"), seeds=(0, 1, 2), oracle_algos=("fullpath-sd", "smrc-sd"),
-                     oracle_seeds=(0, 3), sd_coef=0.2, out="OUT")
-    assert plan(args) == [("grpo", 0, 0.0), ("smrc-sd", 0, 0.2), ("oracle-fullpath-sd", 0, 0.2),
-                          ("oracle-smrc-sd", 0, 0.2), ("grpo", 1, 0.0), ("smrc-sd", 1, 0.2), ("grpo", 2, 0.0),
-                          ("smrc-sd", 2, 0.2), ("oracle-fullpath-sd", 3, 0.2), ("oracle-smrc-sd", 3, 0.2)]
-    assert _run_dir(args, "oracle-smrc-sd", 3, 0.2) == Path("OUT/oracle-smrc-sd-lam0.2-seed3")
+def test_plan_is_seed_major_with_one_folder_per_row_and_seed():
+    """Every row at every seed, each seed's rows together; variants of α and λ never share a folder."""
+    from bench.learn import LearnArgs, _run_dir, check_args, plan
+    args = LearnArgs(rows=("grpo", "oracle-smrc-sd-a0.5", "oracle-smrc-sd-a0.99", "smrc-sd-lam1"), seeds=(0, 3),
+                     out="OUT")
+    rows = check_args(args)
+    jobs = plan(args, rows)
+    assert [(r.name, s) for r, s in jobs] == [(n, s) for s in (0, 3) for n in (
+        "grpo", "oracle-smrc-sd-a0.5-lam0.2", "oracle-smrc-sd-a0.99-lam0.2", "smrc-sd-lam1")]
+    folders = [_run_dir(args, *j) for j in jobs]
+    assert len(set(folders)) == len(jobs) and folders[2] == Path("OUT/oracle-smrc-sd-a0.99-lam0.2-seed0")
+
+
+def test_pairs_are_against_grpo_and_smrc_against_fullpath_at_equal_lambda_and_alpha():
+    from bench.learn import pairs, parse_row
+    rows = [parse_row(r) for r in ("grpo", "smrc-sd", "fullpath-sd", "oracle-smrc-sd-a0.99", "oracle-fullpath-sd-a0.5",
+                                   "oracle-fullpath-sd-a0.99", "smrc-sd-lam0.03")]
+    got = {(a.name, b.name) for a, b in pairs(rows)}
+    assert got == {(r.name, "grpo") for r in rows[1:]} | {
+        ("smrc-sd-lam0.2", "fullpath-sd-lam0.2"), ("oracle-smrc-sd-a0.99-lam0.2", "oracle-fullpath-sd-a0.99-lam0.2")}
+
+
+def test_strength_per_run_by_hand():
+    """The finite median of the gradient ratio, the KL summed per distilled turn, the candidate-sampled share."""
+    from bench.learn_report import strength
+    run = [{"actor/sd_grpo_grad_ratio": 0.5, "sd/teacher_minus_student_logp": -0.2, "sd/distilled_tokens": 10,
+            "sd/distilled_turns": 2, "sd/candidate_routed_turns": 2, "sd/candidate_sampled_turns": 1},
+           {"actor/sd_grpo_grad_ratio": math.inf, "sd/teacher_minus_student_logp": -0.1, "sd/distilled_tokens": 20,
+            "sd/distilled_turns": 2, "sd/candidate_routed_turns": 2, "sd/candidate_sampled_turns": 2},
+           {"actor/sd_grpo_grad_ratio": 0.9, "sd/distilled_tokens": 0, "sd/distilled_turns": 0},
+           {"actor/sd_grpo_grad_ratio": 0.1, "sd/distilled_tokens": 0, "sd/distilled_turns": 0}]
+    grpo = [{"actor/sd_grpo_grad_ratio": math.nan, "sd/distilled_turns": 0}]
+    got = strength([run, grpo])
+    assert got["sd/grpo"][0] == pytest.approx(0.5)  # median of 0.5, 0.9, 0.1 (inf left out)
+    assert got["kl_per_turn"][0] == pytest.approx((0.2 * 10 + 0.1 * 20) / 4)
+    assert got["cand_share"][0] == pytest.approx(3 / 4)
+    assert all(math.isnan(v[1]) for v in got.values())  # GRPO: no reading of any
 
 
 @pytest.mark.parametrize("change, flag", [
     (dict(steps=0), "--steps 0"), (dict(seeds=()), "--seeds (none)"), (dict(seeds=(0, 0)), "--seeds 0 0"),
-    (dict(algos=("grpo", "smrc")), "--algos grpo smrc"), (dict(oracle_algos=("sdar",)), "--oracle-algos sdar"),
-    (dict(oracle_alpha=1.5), "--oracle-alpha 1.5"), (dict(lambdas=(float("nan"),)), "--sd-coef / --lambdas"),
+    (dict(rows=("grpo", "smrc")), "--rows smrc"), (dict(rows=("oracle-sdar-a0.5",)), "--rows oracle-sdar-a0.5"),
+    (dict(rows=("oracle-smrc-sd-a1.5",)), "--rows oracle-smrc-sd-a1.5"),
+    (dict(rows=("oracle-smrc-sd",)), "--rows oracle-smrc-sd"), (dict(rows=("smrc-sd-a0.5",)), "--rows smrc-sd-a0.5"),
+    (dict(rows=("smrc-sd-lamnan",)), "--rows smrc-sd-lamnan"), (dict(rows=("grpo-lam0.2",)), "--rows grpo-lam0.2"),
+    (dict(rows=("smrc-sd", "smrc-sd-lam0.2")), "--rows smrc-sd smrc-sd-lam0.2"), (dict(rows=()), "--rows (none)"),
     (dict(group_size=1), "--group-size 1"), (dict(eval_every=-1), "--eval-every -1")])
 def test_bad_flags_are_one_error_line_before_anything_runs(tmp_path, monkeypatch, change, flag):
     """A sweep with a bad flag stops before the warm start's build (minutes) and writes nothing."""
@@ -71,34 +108,34 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     names = [r["name"] for r in res["rows"]]
-    assert names == ["warm start (before RL)", "grpo", "smrc-sd", "oracle-smrc-sd"]
+    assert names == ["warm start (before RL)", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3"]
     for row in res["rows"]:
         assert 0.0 <= row["avg@2"][0] <= row["pass@2"][0] <= 1.0
         assert row["valid_action_ratio"][0] == 1.0  # the learn preset decodes admissible commands only
-    smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd")
+    smrc = next(r for r in res["rows"] if r["name"] == "smrc-sd-lam0.3")
     assert 0.0 <= smrc["router/match_rate"][0] <= 1.0 and "sd/distilled_share" in smrc
-    from bench.learn import _metrics
+    from bench.learn_report import _metrics
     steps = [m for m in _metrics(tmp_path / "smrc-sd-lam0.3-seed0") if "sd/kl_student_teacher" in m]
     assert len(steps) == 2  # the run's two training steps
     assert ("sd/candidate_gain" in smrc) == any(m.get("sd/candidate_turns", 0) > 0 for m in steps)
     assert "sd/candidate_gain" not in res["rows"][1]  # GRPO has no teacher
     assert all(r["train_min"][0] > 0 and r["eval_min"][0] > 0 for r in res["rows"][1:])  # each run's wall time
     assert res["grpo_gain_avg@k"] is not None
-    assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd", "oracle-smrc-sd"}
+    assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3"}
     assert -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
-    assert set(res["paired_difference_avg@k"]) == {"smrc-sd − grpo", "oracle-smrc-sd − grpo"}
-    assert res["seed_paired_difference_avg@k"]["smrc-sd − grpo"]["seeds"] == 1  # one seed: no SE over seeds
-    oracle = json.loads((tmp_path / "oracle-smrc-sd-lam0.3-seed0" / "config.json").read_text())
+    assert set(res["paired_difference_avg@k"]) == {"smrc-sd-lam0.3 − grpo", "oracle-smrc-sd-a0.5-lam0.3 − grpo"}
+    assert res["seed_paired_difference_avg@k"]["smrc-sd-lam0.3 − grpo"]["seeds"] == 1  # one seed: no SE over seeds
+    oracle = json.loads((tmp_path / "oracle-smrc-sd-a0.5-lam0.3-seed0" / "config.json").read_text())
     assert oracle["teacher"]["oracle"] == 0.5 and oracle["algo"] == "smrc-sd"  # the oracle row's own trainer flags
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
     assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
-    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0", "oracle-smrc-sd-lam0.3-seed0"):
+    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):
         rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "rollout/success_rate" in r] == [1, 2]
         assert [r["step"] for r in rows if "val/success_rate" in r] == [2]  # --eval-every 2: the in-loop validation
         assert (tmp_path / run / "step_000002" / "model.safetensors").exists()
         assert json.loads((tmp_path / "eval" / f"{run}.json").read_text())["k"] == 2
-    assert "| smrc-sd | 1 |" in (tmp_path / "results.md").read_text()
+    assert "| smrc-sd-lam0.3 | 1 |" in (tmp_path / "results.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")}
     for ckpt in tmp_path.glob("*/step_*"):  # a finished run is its metrics + evaluation (a sweep carried elsewhere)
         shutil.rmtree(ckpt)
@@ -106,19 +143,19 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
-    for run in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-lam0.3-seed0"):  # --report-only: what has finished only
+    for run in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):  # --report-only: what has finished only
         shutil.rmtree(tmp_path / run)
     report = subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(tmp_path),
                              "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]] == \
         ["warm start (before RL)", "grpo"]
-    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists() and not (tmp_path / "oracle-smrc-sd-lam0.3-seed0").exists()
+    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists() and not (tmp_path / "oracle-smrc-sd-a0.5-lam0.3-seed0").exists()
 
 
 def test_seed_paired_difference_pairs_the_seeds_both_rows_have(tmp_path):
     """Row a − row b per seed they share (a seed fixes the task draws), mean ± SE over them, by hand."""
-    from bench.learn import seed_paired_difference
+    from bench.learn_report import seed_paired_difference
     run = lambda name, avg: (tmp_path / name, {"avg@4": avg})  # noqa: E731
     results = {"smrc-sd": [run("smrc-sd-lam0.2-seed0", 0.20), run("smrc-sd-lam0.2-seed1", 0.10),
                            run("smrc-sd-lam0.2-seed2", 0.30)],

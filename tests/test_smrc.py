@@ -5,6 +5,7 @@ Run: pytest tests/test_smrc.py -q   (about 3 minutes on 2 cores)
 """
 import dataclasses
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -69,8 +70,13 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
         g_pg, g_sd = r["actor/grad_norm_grpo"], r["actor/grad_norm_sd"]  # g_pg = 0 when every return is equal
         assert g_sd > 0 and r["actor/sd_grpo_grad_ratio"] == pytest.approx(g_sd / g_pg if g_pg else math.inf)
     resolved = json.loads((smrc_run / "config.json").read_text())["resolved"]
+    init = resolved.pop("initial_weights")  # the warm start's name, folder and weights' sha256
     assert resolved == {"matcher": "structured", "context": "smrc", "sd_loss": "reverse-kl", "sd_coef": 0.1,
                         "teacher_oracle": 0.0}
+    from embedded.warmstart import resolve
+    folder = Path(resolve("tiny-agent-quick"))
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    assert init == {"model": "tiny-agent-quick", "path": str(folder), "sha256": {"model.safetensors": digest}}
     assert smrc.config_from_run(smrc_run, "none").grpo.sd_coef == 0.1 and "unknown keys" not in capsys.readouterr().out
     with gzip.open(smrc_run / "rollouts.jsonl.gz", "rt") as f:
         turns = [json.loads(line) for line in f]

@@ -1,6 +1,7 @@
-"""Per run of the v8 sweep, from its metrics.jsonl: the median SD / GRPO gradient-norm ratio over the steps where it
-is finite (NaN: no term measured; inf: the GRPO gradient was 0), and the KL(student ‖ teacher) per distilled turn
-(Σ over steps of KL per token × distilled tokens, / distilled turns). Run from this folder: python strength.py"""
+"""Per run of the v8 sweep, from its metrics.jsonl: the median SD / GRPO gradient-norm ratio over the steps
+where it is finite (NaN: no term measured; inf: the GRPO gradient was 0), and the KL(student ‖ teacher) per
+distilled turn (Σ over steps of KL per token × distilled tokens, / distilled turns). Run from this folder:
+python strength.py"""
 import glob
 import json
 import math

@@ -1,0 +1,202 @@
+"""The report of bench/learn.py: each row's numbers from its runs' metrics.jsonl and evaluations, the differences
+between rows (paired by task and by seed), and results.json / results.md / curves.png."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+def _run_seed(run: Path) -> int:
+    """The seed of a run folder that _run_dir named."""
+    return int(run.name.rsplit("-seed", 1)[1])
+
+
+def _metrics(run: Path) -> list[dict]:
+    """A run's metrics.jsonl, one dict per step."""
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, float]]:
+    """(step, value) of a metric over a run, in step order: training success, or the validation's (val/...)."""
+    return sorted((r["step"], r[key]) for r in _metrics(run) if key in r)
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+
+
+def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
+    row = {"name": name, "runs": [str(r) for r in runs], "n": len(evals)}
+    for key in (f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio"):
+        row[key] = _mean_se([e[key] for e in evals])
+    if len(evals) == 1 and f"avg@{k}_se" in evals[0]:  # one evaluation (the warm start): SE over the panel's tasks
+        row[f"avg@{k}"] = (evals[0][f"avg@{k}"], evals[0][f"avg@{k}_se"])
+    if runs:
+        metrics = [_metrics(r) for r in runs]
+        for key in ("router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
+                    "actor/entropy"):
+            per_run = [[m[key] for m in ms if key in m and not np.isnan(m[key])] for ms in metrics]
+            if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
+                row[key] = _mean_se([np.mean(v) for v in per_run])
+        for key, per_run in strength(metrics).items():
+            if all(np.isfinite(per_run)):  # a key with no reading in some run (GRPO: no SD term) stays "-"
+                row[key] = _mean_se(per_run)
+        row["train_min"] = _mean_se([sum(m.get("time/step_s", 0.0) + m.get("time/val_s", 0.0) for m in ms) / 60
+                                     for ms in metrics])  # each step once (rows a resume redid moved to metrics.after_step_*)
+        row["eval_min"] = _mean_se([_eval_seconds(r.parent / "eval" / f"{r.name}.json") / 60 for r in runs])
+    return row
+
+
+def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
+    """How hard and how sharp each run's SD term was, one value per run (NaN where the run never measured it):
+    sd/grpo, the median SD / GRPO gradient-norm ratio over the steps where it is finite (inf: the GRPO gradient
+    was 0; NaN: no term; a run that distilled nothing has none); kl_per_turn, KL(student ‖ teacher) summed over a distilled turn's tokens, averaged over
+    the run's distilled turns; cand_share, the share of matched turns with a candidate whose sampled action is
+    the candidate (logged since issue 36: NaN for older runs)."""
+    def per_run(ms: list[dict]) -> tuple[float, float, float]:
+        ratios = [m["actor/sd_grpo_grad_ratio"] for m in ms if m.get("actor/sd_grpo_grad_ratio") is not None]
+        finite = [x for x in ratios if math.isfinite(x)]
+        total = lambda key: sum(m.get(key, 0) for m in ms)  # noqa: E731
+        gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in ms
+                  if m.get("sd/distilled_tokens"))
+        turns, routed = total("sd/distilled_turns"), total("sd/candidate_routed_turns")
+        return (float(np.median(finite)) if finite and turns else math.nan, -gap / turns if turns else math.nan,
+                total("sd/candidate_sampled_turns") / routed if routed else math.nan)
+    values = [per_run(ms) for ms in metrics]
+    return {key: [v[i] for v in values] for i, key in enumerate(("sd/grpo", "kl_per_turn", "cand_share"))}
+
+
+def _eval_seconds(path: Path) -> float:
+    """The wall time evaluate.py recorded for a run's held-out evaluation."""
+    return float(json.loads(path.read_text())["rows"][0]["seconds"])
+
+
+def _per_task(out: Path, name: str) -> dict[str, float]:
+    """Success of every panel task averaged over its k attempts, from an evaluation's JSON."""
+    eps = json.loads((out / "eval" / f"{name}.json").read_text())["rows"][0]["episodes"]
+    by_task: dict[str, list[float]] = {}
+    for e in eps:
+        by_task.setdefault(e["task_id"], []).append(float(e["won"]))
+    return {t: float(np.mean(v)) for t, v in by_task.items()}
+
+
+def _per_task_mean(out: Path, names: list[str]) -> dict[str, float]:
+    """Each panel task's success averaged over its k attempts and over the evaluations `names` (a row's seeds)."""
+    per = [_per_task(out, n) for n in names]
+    return {t: float(np.mean([p[t] for p in per])) for t in per[0]}
+
+
+def paired_difference(out: Path, a: list[str], b: list[str]) -> tuple[float, float]:
+    """Avg@k of evaluations `a` minus `b` on the same panel, paired by task: per task, (mean over a's seeds) − (mean
+    over b's); mean ± SE over tasks. It carries the panel's sampling noise, which an SE over seeds does not see."""
+    pa, pb = _per_task_mean(out, a), _per_task_mean(out, b)
+    d = np.asarray([pa[t] - pb[t] for t in sorted(pb)])
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+
+
+def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> dict:
+    """Avg@k of row `a` minus row `b`, paired by seed (the seeds both have: a seed fixes the task
+    draws and the first step's rollouts); mean ± SE over seeds. Unlike the paired-by-task SE, it
+    carries the run-to-run variation of training, the noise that decides whether one algorithm beats
+    another."""
+    avg = {r: {_run_seed(run): m[f"avg@{k}"] for run, m in results[r]} for r in (a, b)}
+    d = [avg[a][s] - avg[b][s] for s in sorted(set(avg[a]) & set(avg[b]))]
+    return {"mean_se": _mean_se(d), "seeds": len(d), "per_seed": d}
+
+
+def paired_gain(out: Path, runs: list[Path]) -> tuple[float, float]:
+    """Avg@k gain of a row's runs over the warm start, paired by task (paired_difference)."""
+    return paired_difference(out, [r.name for r in runs], ["warm-start"])
+
+
+def markdown(rows: list[dict], k: int) -> str:
+    cols = [f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio",
+            "router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
+            "actor/entropy", "sd/grpo", "kl_per_turn", "cand_share", "train_min", "eval_min"]
+    labels = {"train_min": "train min", "eval_min": "eval min", "sd/grpo": "SD/GRPO grad", "kl_per_turn": "KL/turn",
+              "cand_share": "cand share"}  # per run, with --workers runs at once
+    lines = ["| run | seeds | " + " | ".join(labels.get(c, c.split("/")[-1]) for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{r[c][0]:.3f} ± {r[c][1]:.3f}" if c in r and not np.isnan(r[c][1]) else
+                 (f"{r[c][0]:.3f}" if c in r else "-") for c in cols]
+        lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+SMOOTH = 5  # steps in the training curve's moving average (which tasks a step drew moves the raw curve a lot)
+
+
+def _band(ax, runs: list[list[tuple[int, float]]], label: str, smooth: int = 1) -> None:
+    """Mean ± SE over runs (their common steps), after a trailing moving average of `smooth` points per run."""
+    n = min(map(len, runs))
+    c = np.asarray([[v for _, v in r[:n]] for r in runs])
+    c = np.stack([[row[max(0, i - smooth + 1):i + 1].mean() for i in range(n)] for row in c])
+    mean, se = c.mean(0), (c.std(0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros(n))
+    steps = [s for s, _ in runs[0][:n]]
+    ax.plot(steps, mean, marker="o" if n < 8 else None, label=f"{label} (n={len(c)})")
+    ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+
+
+def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
+    """Training success (moving average over SMOOTH steps) and in-loop validation success, mean ± SE over seeds."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"[learn] matplotlib is not installed: {path} not drawn (pip install matplotlib)", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    val = {n: runs for n, runs in val.items() if runs and all(runs)}
+    fig, axes = plt.subplots(1, 1 + bool(val), figsize=(6 + 5 * bool(val), 4), squeeze=False)
+    for name, runs in train.items():
+        _band(axes[0][0], runs, name, SMOOTH)
+    axes[0][0].set_ylabel(f"training success (sampled, {SMOOTH}-step moving average)")
+    for name, runs in val.items():
+        _band(axes[0][1], runs, name)
+    if val:
+        axes[0][1].set_ylabel("validation success (fixed panel)")
+    for ax in axes[0]:
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, before: dict,
+              results: dict[str, list], seconds: float | None, greedy: dict) -> str:
+    """Write results.json / results.md / curves.png into `out` from what has finished so far: `results` maps a
+    row's name to its (run folder, evaluation metrics) pairs, `pairs` names the differences to report (row a −
+    row b, where both have runs), `settings` is the sweep's flags (rewritten after every run)."""
+    table_rows = [_row("warm start (before RL)", [before], [], k)]
+    table_rows += [_row(name, [m for _, m in rs], [r for r, _ in rs], k) for name, rs in results.items()]
+    gain = None
+    if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed, then mean ± SE over seeds
+        gain = _mean_se([m[f"avg@{k}"] - before[f"avg@{k}"] for _, m in results["grpo"]])
+    table = markdown(table_rows, k)
+    paired = {name: paired_gain(out, [r for r, _ in rs]) for name, rs in results.items()}
+    names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
+    present = [(a, b) for a, b in pairs if results.get(a) and results.get(b)]
+    differences = {f"{a} − {b}": paired_difference(out, names[a], names[b]) for a, b in present}
+    by_seed = {f"{a} − {b}": seed_paired_difference(results, a, b, k) for a, b in present}
+    summary = {"args": settings, "rows": table_rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
+               "paired_difference_avg@k": differences, "seed_paired_difference_avg@k": by_seed,
+               "wall_s": seconds,
+               "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
+    if gain:
+        table += f"\n\nGRPO gain over the warm start, avg@{k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
+    for name, (g, se) in paired.items():
+        table += f"\n{name} gain over the warm start, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+    for name, (g, se) in differences.items():
+        table += f"\n{name}, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+    for name, d in by_seed.items():
+        (g, se), n = d["mean_se"], d["seeds"]
+        table += f"\n{name}, avg@{k}, paired by seed: {g:+.3f} ± {se:.3f} (SE over {n} seeds)"
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(table + "\n")
+    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
+         {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
+    return table
