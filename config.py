@@ -23,10 +23,14 @@ from environments.webshop import WebShopConfig
 from grpo import SD_COEF, GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
-from router import CONTEXT_ALIASES, MATCHER_ALIASES, RouterConfig
+from router import RouterConfig
 from scale.checkpoint import fill_dataclass
 from scale.distributed import DistConfig
 from teacher import TeacherConfig
+
+# old names of two matchers and two contexts, still accepted on the command line; mapped here only (resolve)
+MATCHER_ALIASES = {"all": "with-reference", "every": "every-turn"}
+CONTEXT_ALIASES = {"fullpath": "trajectory", "full": "smrc"}
 
 # --algo → (matcher, teacher context, L_SD form); --router.matcher, --router.context, --grpo.sd-loss override
 ALGOS = {

@@ -58,7 +58,7 @@ class GRPOConfig:
     sd_loss: Literal["reverse-kl", "skill-sd", "sdar", "grpo-opsd"] | None = None
     """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
     sd_coef: float | None = None
-    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.3: config.PRESET_SD_COEF),
+    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.2: config.PRESET_SD_COEF),
     else the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and
     grpo-opsd 0.01"""
     sd_gate_beta: float = 5.0

@@ -7,7 +7,8 @@
 - `Step`: the state a turn acted in and the action it took, the part of a turn a reference trajectory keeps.
 - `Trajectory`: a successful episode as the router's reference bank keeps it (a list of Steps).
 - `Match`: the router's decision for a distilled turn: the reference, the matched position j and the candidate
-  action.
+  action. `turn.match is None` is the one "no match" (GRPO only); `WITHOUT_REFERENCE` marks a turn distilled
+  with no reference at all (matcher every-turn: the skill contexts need none).
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ class Match:
     ref: Trajectory | None  # None: matcher every-turn on a task without one (skill contexts need none)
     position: int           # index j into ref.steps (-1 without a reference)
     candidate: str          # ref.steps[position].action ("" without a reference)
+
+
+WITHOUT_REFERENCE = Match(None, -1, "")  # distilled, with no reference (not a "no match": that is None)
 
 
 @dataclass

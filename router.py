@@ -4,8 +4,8 @@ What it does (paper "State-matched routing" and "State-contextualized teacher co
 - `ReferenceBank` holds, per task, successful trajectories (records.Trajectory). Sources: the successful
   rollouts of the current group, a bounded archive of earlier successes, and (flag, off by default) planner
   solutions. A trajectory is never its own reference.
-- `route(turns, bank, cfg, rng)` runs the configured matcher (MATCHERS) over a batch of turns and returns, per
-  turn, a `Match` (reference, position j, candidate action = the reference's action at j) or None (GRPO signal
+- `route(turns, bank, cfg, rng)` runs the configured matcher (MATCHERS) over a batch of turns and sets, on each
+  turn, `turn.match`: a `Match` (reference, position j, candidate action = the reference's action at j) or None (GRPO signal
   only): `structured` (signature equality, SMRC-SD), `history` (the prompt's view: the last h (observation,
   action) pairs and the current observation), `history-full` (the whole action/observation prefix), `random`
   (control), `with-reference` (FullPath-SD: every turn of a task with a reference), `every-turn` (with or
@@ -42,17 +42,12 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
 from envs import Signature
-from records import Match, Step, Trajectory, Turn
-
-
-# The old names of two matchers and two contexts, still accepted (config.resolve and teacher_context map them)
-MATCHER_ALIASES = {"all": "with-reference", "every": "every-turn"}
-CONTEXT_ALIASES = {"fullpath": "trajectory", "full": "smrc"}
+from records import WITHOUT_REFERENCE, Match, Step, Trajectory, Turn
 
 
 @dataclass
@@ -245,7 +240,7 @@ MATCHERS: dict[str, Callable[[list[Turn], list[list[Trajectory]], RouterConfig, 
     "history-full": lambda turns, refs, cfg, rng: match_state(turns, refs, prefix_at),
     "random": _random,
     "with-reference": lambda turns, refs, cfg, rng: [match_all(t, r) for t, r in zip(turns, refs)],
-    "every-turn": lambda turns, refs, cfg, rng: [match_all(t, r) or Match(None, -1, "")
+    "every-turn": lambda turns, refs, cfg, rng: [match_all(t, r) or WITHOUT_REFERENCE
                                                  for t, r in zip(turns, refs)],
     "none": lambda turns, refs, cfg, rng: [None] * len(turns),
 }
@@ -259,14 +254,28 @@ def _references(turns: list[Turn], bank: ReferenceBank, first_only: bool = False
     return [r[:1] for r in refs] if first_only else refs
 
 
-def route(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig,
-          rng: random.Random) -> list[Match | None]:
-    """One Match or None per turn, in the order given, by the matcher `cfg.matcher` (resolved:
+def matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig, rng: random.Random) -> list[Match | None]:
+    """One Match or None per turn, in the order given, by the matcher `cfg.matcher` (a resolved name:
     config.resolve). rng is used only by `random`; seed it per step for an exact resume. `history` reads a
     turn's earlier steps from the turns of its trajectory in this batch (every turn of an episode is in
     it)."""
-    matcher = MATCHERS[MATCHER_ALIASES.get(cfg.matcher, cfg.matcher)]
-    return matcher(turns, _references(turns, bank, cfg.references == "first"), cfg, rng)
+    return MATCHERS[cfg.matcher](turns, _references(turns, bank, cfg.references == "first"), cfg, rng)
+
+
+def route(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig, rng: random.Random) -> None:
+    """The router's stage of a training step: sets `turn.match` on every turn (`matches`)."""
+    for turn, match in zip(turns, matches(turns, bank, cfg, rng)):
+        turn.match = match
+
+
+AUDITED = ("structured", "history")  # the matchers the rollout archive keeps for `evaluate.py audit`
+
+
+def audited_matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig) -> dict[str, list]:
+    """Each audited matcher's matches of `turns` on the same bank (the step's own `turn.match` where the run
+    routes with it: the same deterministic function), for the rollout archive (scale/run_logs.archive_rows)."""
+    return {name: [t.match for t in turns] if cfg.matcher == name else
+            matches(turns, bank, replace(cfg, matcher=name), random.Random(0)) for name in AUDITED}
 
 
 def route_metrics(turns: list[Turn], bank: ReferenceBank) -> dict[str, float]:
@@ -354,7 +363,6 @@ CANDIDATE_TEMPLATE = ("[Privileged: candidate next action]\n"
                       "The successful trajectory's action at its step {k}: <action>{candidate}</action>")
 SKILL_TEMPLATE = "[Privileged: skills for this kind of task]\n{skills}"
 CLOSING_TEMPLATE = "Use this information to choose the best next action for the current situation above."
-PROMPT_SLOT = "[[student prompt]]"  # where the student's ordinary prompt goes in the teacher's message
 CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, joined by a blank line
     "trajectory": ("trajectory",),
     "summary": ("trajectory", "summary"),
@@ -376,8 +384,21 @@ def skill_text(env: str, task_type: str) -> str:
 
 
 def context_blocks(variant: str) -> tuple[str, ...]:
-    """The blocks a teacher-context variant shows (its old name accepted)."""
-    return CONTEXT_BLOCKS[CONTEXT_ALIASES.get(variant, variant)]
+    """The blocks a teacher-context variant shows (a resolved name: config.resolve)."""
+    return CONTEXT_BLOCKS[variant]
+
+
+@dataclass(frozen=True)
+class TeacherContext:
+    """The privileged text of a teacher prompt, around the student's ordinary prompt: the static blocks
+    (trajectory, skills) before it; the state's own blocks (summary, candidate) and the closing line after
+    it, nearest to the response."""
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def around(self, user_text: str) -> str:
+        """The teacher's user message: the blocks and the student's prompt, joined by a blank line."""
+        return "\n\n".join((*self.before, user_text, *self.after))
 
 
 def render_trajectory(ref: Trajectory) -> str:
@@ -387,10 +408,10 @@ def render_trajectory(ref: Trajectory) -> str:
 
 
 def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, signature: Signature,
-                    skills: str = "") -> str:
-    """The privileged text around the student's prompt, which goes where PROMPT_SLOT stands (teacher.py): the
-    static blocks (trajectory, skills) before it; the state's own blocks (summary, candidate) and the closing
-    line after it, nearest to the response.
+                    skills: str = "") -> TeacherContext:
+    """The privileged text around the student's prompt (TeacherContext): the static blocks (trajectory,
+    skills) before it; the state's own blocks (summary, candidate) and the closing line after it, nearest to
+    the response.
 
     `signature` is the student's own current state (what the summary describes); `match` is required by the
     variants that show the candidate action, `ref` by those that show the trajectory, `skills` (skill_text) by
@@ -410,4 +431,4 @@ def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, s
             assert match is not None and match.ref is ref, f"context {variant!r} needs the match on this ref"
             blocks.append(CANDIDATE_TEMPLATE.format(k=match.position + 1, candidate=match.candidate))
     static = sum(b in ("trajectory", "skills") for b in context_blocks(variant))  # first in every variant
-    return "\n\n".join(blocks[:static] + [PROMPT_SLOT] + blocks[static:] + [CLOSING_TEMPLATE])
+    return TeacherContext(tuple(blocks[:static]), (*blocks[static:], CLOSING_TEMPLATE))

@@ -43,19 +43,19 @@ import grpo
 import rollout
 import router
 import teacher
-from analysis.audits import archive_rows
 from config import ALGOS, PRESETS, Config, config_from_run, parse_config  # noqa: F401 (re-exported)
 from embedded.warmstart import RECIPES, TINY, resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model
 from records import Trajectory, Turn
 from scale import distributed
-from scale.checkpoint import initial_weights, load_trainer_state, save_checkpoint, seed_step, set_aside_newer
+from scale.checkpoint import (initial_weights, latest_checkpoint, load_trainer_state, save_checkpoint,
+                              seed_step, set_aside_newer)
 from scale.distributed import World, init_distributed, print0
 from scale.memory import Memory, return_freed_memory
 from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
-from scale.run_logs import trim_logs
+from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
 from scale.vllm_engine import VLLMEngine
 
@@ -239,6 +239,10 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
         if run.replay_env is not None:
             run.replay_env.close()
         getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook)
+    out = Path(cfg.output_dir)
+    final = latest_checkpoint(out)
+    print0(world, f"[smrc] done: checkpoint {final}, metrics {out / 'metrics.jsonl'}; evaluate it with: "
+                  f"python evaluate.py eval --checkpoint {final} --split eval --k 4")
 
 
 def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) -> None:
@@ -260,9 +264,9 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     run.bank.add_group([t for trajs, _ in gathered for t in trajs])
     for ref in (r for _, refs in gathered for r in refs):
         run.bank.add_planner(ref)
-    # 4. route: which turns get distilled (turn.match)
-    for turn, match in zip(turns, router.route(turns, run.bank, cfg.router, rng)):
-        turn.match = match
+    # 4. route: which turns get distilled (turn.match); the archive also keeps the audited matchers' picks
+    router.route(turns, run.bank, cfg.router, rng)
+    audited = router.audited_matches(turns, run.bank, cfg.router) if cfg.archive_max_turns else {}
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
     with run.memory.phase("teacher"):
         sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
@@ -281,7 +285,7 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     run.engine.sync_weights(run.model)
     mem = run.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
     local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive_rows(step + 1, episodes, run.bank, cfg.router, cfg.archive_max_turns),
+             "rows": archive_rows(step + 1, episodes, audited),
              "route": router.route_metrics(turns, run.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_gpu_mem_gb": max(mem.values()) if world.device.type == "cuda" else 0.0}, "mem": mem,

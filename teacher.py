@@ -73,17 +73,12 @@ class TeacherConfig:
     turns): two extra scoring passes over those turns' candidates (one with the oracle)"""
 
 
-def teacher_user_text(context: str, user_text: str) -> str:
-    """The teacher's user message: the context (router.teacher_context) with the student's ordinary message in
-    its slot (router.PROMPT_SLOT); a block without a slot goes before the message, separated by a blank
-    line."""
-    if router.PROMPT_SLOT not in context:
-        return context + "\n\n" + user_text
-    before, after = context.split(router.PROMPT_SLOT, 1)
-    return before + user_text + after
+def teacher_user_text(context: router.TeacherContext, user_text: str) -> str:
+    """The teacher's user message: the student's ordinary message inside its context (router.teacher_context)."""
+    return context.around(user_text)
 
 
-def teacher_prompt_ids(tokenizer, context: str, user_text: str) -> list[int]:
+def teacher_prompt_ids(tokenizer, context: router.TeacherContext, user_text: str) -> list[int]:
     return chat_ids(tokenizer, teacher_user_text(context, user_text))
 
 
@@ -177,9 +172,6 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     prompts) and returns summable sd/ counts. `context` is the teacher-context variant
     (router.CONTEXT_BLOCKS)."""
     picked = [t for t in turns if t.match is not None]
-    if cfg.oracle > 0 and any(t.match.ref is None for t in picked):
-        raise ValueError("--teacher.oracle needs a reference candidate on every routed turn (not matcher "
-                         "every-turn)")
     with_skills = "skills" in router.context_blocks(context)  # skill text: by the turn's env and task type
     prompts = [teacher_prompt_ids(tokenizer, router.teacher_context(
         context, t.match.ref, t.match, t.step.signature,

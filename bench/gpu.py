@@ -1,27 +1,30 @@
-"""GPU benchmark that needs no download: GRPO and SMRC-SD steps of a real-size model on real-size games, in one run.
+"""GPU benchmark that needs no download: GRPO and SMRC-SD steps of a real-size model on real-size games, in
+one run.
 
-A randomly initialised model of a named architecture (Qwen3-1.7B by default, Qwen2.5-3B, or the embedded tiny one
-for CPU) over the embedded tiny tokenizer's ids, trained through the project's own loop (`smrc.train_step`: rollout,
-reference bank, router, teacher, GRPO update) on generated ALFWorld games with real-size rooms. The random policy
-never wins, so SMRC-SD's reference bank is seeded with the planner's solutions before the clock starts (planning is
-not timed); GRPO runs without references. Printed per algorithm (the first step dropped when there are more):
+A randomly initialised model of a named architecture (Qwen3-1.7B by default, Qwen2.5-3B, or the embedded tiny
+one for CPU) over the embedded tiny tokenizer's ids, trained through the project's own loop
+(`smrc.train_step`: rollout, reference bank, router, teacher, GRPO update) on generated ALFWorld games with
+real-size rooms. The random policy never wins, so SMRC-SD's reference bank is seeded with the planner's
+solutions before the clock starts (planning is not timed); GRPO runs without references. Printed per algorithm
+(the first step dropped when there are more):
 
 - time per phase: generate, env (time the trainer waited on the env workers), teacher, reference (KL) forward,
   update (which includes the reference forward), step; tokens/s; peak memory (CUDA: max_memory_allocated; CPU:
   the peak RSS of this process);
-- passes per trained token over one step: forward / backward tokens of each phase divided by the tokens the update
-  trains on (prompt + response of every turn-sample). Generation forwards each prompt once and each sampled token
-  but the last; the teacher runs on matched turns only, over a longer (privileged) prompt; with gradient
-  checkpointing the update's backward also recomputes every layer once (printed as `recompute`);
+- passes per trained token over one step: forward / backward tokens of each phase divided by the tokens the
+  update trains on (prompt + response of every turn-sample). Generation forwards each prompt once and each
+  sampled token but the last; the teacher runs on matched turns only, over a longer (privileged) prompt; with
+  gradient checkpointing the update's backward also recomputes every layer once (printed as `recompute`);
 - the SMRC-SD / GRPO step-time ratio, measured in this run.
 
-    python bench/gpu.py                                  # Qwen3-1.7B architecture, 16 episodes x 5 turns x 192 tokens
+    python bench/gpu.py  # Qwen3-1.7B architecture, 16 episodes x 5 turns x 192 tokens
     python bench/gpu.py --arch qwen2.5-3b --steps 3
-    python bench/gpu.py --decode-profile --steps 0       # ms per decode step only (batch 16, 1000-token prompts)
-    python bench/gpu.py --arch tiny --device cpu --tasks 2 --group 2 --turns 2 --new-tokens 8 --room small  # CPU
+    python bench/gpu.py --decode-profile --steps 0  # ms per decode step only (batch 16, 1000-token prompts)
+    python bench/gpu.py --arch tiny --device cpu --tasks 2 --group 2 --turns 2 --new-tokens 8 \
+        --room small  # CPU
 
-On a GPU node without internet, `../shared/tools/gpu_site.sh` packs the pure-Python packages it needs (the ALFWorld
-engine, tyro) into `.gpu-site/` for PYTHONPATH.
+On a GPU node without internet, `../shared/tools/gpu_site.sh` packs the pure-Python packages it needs (the
+ALFWorld engine, tyro) into `.gpu-site/` for PYTHONPATH.
 """
 
 import argparse
@@ -54,13 +57,15 @@ from scale.memory import Memory, peak_bytes, reset_peak  # noqa: E402
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
 ARCHS = {  # the public config.json values of each model; vocab 151936 (the models' embedding size)
     "qwen3-1.7b": lambda tok: Qwen3Config(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=ROPE,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None),
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_parameters=ROPE, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None),
     "qwen2.5-3b": lambda tok: Qwen2Config(
-        vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_parameters=ROPE,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None),
+        vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters=ROPE, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None),
     "tiny": None,  # the embedded tiny model's architecture (embedded/tiny.py), its own vocabulary
 }
 PHASES = ("generate", "teacher", "reference", "update")
@@ -73,7 +78,8 @@ def build_model(arch: str, tok, device: torch.device, seed: int):
     torch.manual_seed(seed)
     with device:
         model = AutoModelForCausalLM.from_config(ARCHS[arch](tok), dtype=torch.float32)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    (model.generation_config.eos_token_id,
+     model.generation_config.pad_token_id) = tok.eos_token_id, tok.pad_token_id
     return model
 
 
@@ -138,17 +144,20 @@ class Meter:
 
 
 def run_config(args, algo: str, out: Path) -> smrc.Config:
-    """The run's Config: every train game is played every step (their planner solutions are made before timing)."""
-    env = AlfworldConfig(source="generated", room_size=args.room, num_train_games=args.tasks, num_eval_games=1,
-                         max_steps=args.turns, require_think=False, num_workers=args.workers)
+    """The run's Config: every train game is played every step
+    (their planner solutions are made before timing)."""
+    env = AlfworldConfig(source="generated", room_size=args.room, num_train_games=args.tasks,
+                         num_eval_games=1, max_steps=args.turns, require_think=False,
+                         num_workers=args.workers)
     return resolve(smrc.Config(
         env="alfworld", algo=algo, model=args.arch, seed=args.seed, steps=10**6, save_every=10**6,
         output_dir=str(out / algo), archive_max_turns=0, device=args.device, alfworld=env,
-        rollout=rollout.RolloutConfig(tasks_per_step=args.tasks, group_size=args.group, gen_batch_size=args.gen_batch,
-                                      max_prompt_tokens=args.max_prompt_tokens,
+        rollout=rollout.RolloutConfig(tasks_per_step=args.tasks, group_size=args.group,
+                                      gen_batch_size=args.gen_batch, max_prompt_tokens=args.max_prompt_tokens,
                                       sampling=SamplingConfig(max_new_tokens=args.new_tokens,
                                                               static_cache=args.static_cache)),
-        grpo=grpo.GRPOConfig(micro_batch_tokens=args.micro_batch_tokens, grad_checkpointing=args.grad_checkpointing),
+        grpo=grpo.GRPOConfig(micro_batch_tokens=args.micro_batch_tokens,
+                             grad_checkpointing=args.grad_checkpointing),
         teacher=teacher.TeacherConfig(micro_batch_tokens=args.micro_batch_tokens)))
 
 
@@ -159,10 +168,12 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.grpo.kl_coef > 0 else None
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
-    s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok, ref_model=ref_model,
-                   optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay),
+    s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok,
+                   ref_model=ref_model, optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr,
+                                                                    weight_decay=cfg.grpo.weight_decay),
                    bank=router.ReferenceBank(cfg.router.archive_size), start=0,
-                   engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16),
+                   engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
+                                   bf16=cfg.grpo.bf16),
                    memory=Memory(world.device))
     if cfg.algo != "grpo":  # the random policy never wins: the planner's solutions are the references
         for ref in smrc.planner_references(cfg, s, s.train_tasks):
@@ -171,7 +182,8 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
 
 
 def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
-    """`args.steps` training steps of `algo`: the metrics rows smrc.py logs, plus this benchmark's counts per step."""
+    """`args.steps` training steps of `algo`: the metrics rows smrc.py logs,
+    plus this benchmark's counts per step."""
     cfg = run_config(args, algo, out)
     Path(cfg.output_dir).mkdir(parents=True)
     reset_peak(world.device)
@@ -190,14 +202,17 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
             steps.append({"fwd": {k: int(v - before[0][k]) for k, v in meter.fwd.items()},
                           "bwd": {k: int(v - before[1][k]) for k, v in meter.bwd.items()},
                           "calls": {k: v - before[2][k] for k, v in meter.calls.items()},
-                          "ref_s": meter.ref_s - before[3], "trained_tokens": meter.trained_tokens - before[4]})
+                          "ref_s": meter.ref_s - before[3],
+                          "trained_tokens": meter.trained_tokens - before[4]})
     for h in hooks:
         h.remove()
     if s.replay_env is not None:
         s.replay_env.close()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    phase_peaks = [v for r in rows for k, v in r.items() if k.startswith("mem/")]  # each phase resets the peak
-    result = {"rows": rows, "steps": steps, "peak_mem_gib": max([peak_bytes(world.device) / 2**30, *phase_peaks]),
+    # each phase resets the peak
+    phase_peaks = [v for r in rows for k, v in r.items() if k.startswith("mem/")]
+    result = {"rows": rows, "steps": steps,
+              "peak_mem_gib": max([peak_bytes(world.device) / 2**30, *phase_peaks]),
               "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model),
               "params": sum(p.numel() for p in s.model.parameters())}
     del s
@@ -222,16 +237,16 @@ def summarise(result: dict) -> dict:
     gen_calls = mean(lambda r, c: c["calls"]["generate"])
     return {"times": times, "passes": passes, "tokens_per_s": mean(lambda r, c: r["time/tokens_per_s"]),
             "ms_per_generate_forward": 1000 * times["generate"] / max(gen_calls, 1),
-            "distilled_turns": mean(lambda r, c: r["sd/distilled_turns"]), "trained_tokens": last["trained_tokens"],
-            "turns": mean(lambda r, c: r["rollout/turns"]), "peak_mem_gib": result["peak_mem_gib"],
-            "grad_checkpointing": result["grad_checkpointing"]}
+            "distilled_turns": mean(lambda r, c: r["sd/distilled_turns"]),
+            "trained_tokens": last["trained_tokens"], "turns": mean(lambda r, c: r["rollout/turns"]),
+            "peak_mem_gib": result["peak_mem_gib"], "grad_checkpointing": result["grad_checkpointing"]}
 
 
 def report(args, device: torch.device, results: dict, workers: int) -> dict:
     summary = {a: summarise(r) for a, r in results.items()}
     params = next(iter(results.values()))["params"]
-    print(f"\n{args.arch} ({params / 1e6:.1f}M parameters) on {device} | {args.tasks} tasks x {args.group} rollouts, "
-          f"{workers} env workers, "
+    print(f"\n{args.arch} ({params / 1e6:.1f}M parameters) on {device} | {args.tasks} tasks x {args.group} "
+          f"rollouts, {workers} env workers, "
           f"<= {args.turns} turns, {args.new_tokens} new tokens | {args.steps} steps each "
           f"(means over {max(args.steps - 1, 1)})")
     print(f"{'algo':<9}" + "".join(f"{k + ' s':>12}" for k in next(iter(summary.values()))["times"])
@@ -239,8 +254,8 @@ def report(args, device: torch.device, results: dict, workers: int) -> dict:
     for a, s in summary.items():
         print(f"{a:<9}" + "".join(f"{v:12.2f}" for v in s["times"].values()) + f"{s['tokens_per_s']:10.0f}"
               f"{s['ms_per_generate_forward']:12.1f}{s['peak_mem_gib']:10.2f}{s['distilled_turns']:10.1f}")
-    print("\npasses per trained token over one step (forward / backward), trained tokens = prompt + response of every "
-          "turn-sample")
+    print("\npasses per trained token over one step (forward / backward), trained tokens = prompt + response "
+          "of every turn-sample")
     for a, s in summary.items():
         cells = "  ".join(f"{p} {f:.2f}/{b:.2f}" for p, (f, b) in s["passes"].items())
         total_f, total_b = (sum(v[i] for v in s["passes"].values()) for i in (0, 1))
@@ -254,11 +269,11 @@ def report(args, device: torch.device, results: dict, workers: int) -> dict:
 
 
 def decode_profile(args, tok, device: torch.device) -> dict:
-    """ms per decode step at batch `profile_batch` with prompts of `profile_prompt` random tokens: (time of N new
-    tokens − time of 1) / (N − 1), each the least of `profile_repeats` timings after a warm-up at both lengths (a
-    static cache compiles per shape).
-    Variants: HFEngine (log-probs on the device) in float32 and under bf16 autocast (CUDA only: on CPU both are
-    float32), HFEngine with the static cache, and a plain `model.generate` that keeps no logits."""
+    """ms per decode step at batch `profile_batch` with prompts of `profile_prompt` random tokens: (time of N
+    new tokens − time of 1) / (N − 1), each the least of `profile_repeats` timings after a warm-up at both
+    lengths (a static cache compiles per shape).
+    Variants: HFEngine (log-probs on the device) in float32 and under bf16 autocast (CUDA only: on CPU both
+    are float32), HFEngine with the static cache, and a plain `model.generate` that keeps no logits."""
     model = build_model(args.arch, tok, device, args.seed).eval()
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(3, len(tok), (args.profile_prompt,), generator=g).tolist()
@@ -273,9 +288,11 @@ def decode_profile(args, tok, device: torch.device) -> dict:
 
     def plain(n):
         ids = torch.tensor(prompts, device=device)
-        with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext(), torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=n,
-                           min_new_tokens=n, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        with (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext(),
+              torch.no_grad()):
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                           max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id,
+                           eos_token_id=tok.eos_token_id)
 
     def seconds(run, n):
         if cuda:
@@ -292,7 +309,8 @@ def decode_profile(args, tok, device: torch.device) -> dict:
         run(n), run(1)  # warm-up at both shapes
         best = [min(seconds(run, k) for _ in range(args.profile_repeats)) for k in (n, 1)]  # least disturbed
         out[name] = 1000 * (best[0] - best[1]) / (n - 1)
-    print(f"\ndecode profile: batch {len(prompts)}, {args.profile_prompt}-token prompts, {n} new tokens, {device}")
+    print(f"\ndecode profile: batch {len(prompts)}, {args.profile_prompt}-token prompts, "
+          f"{n} new tokens, {device}")
     for name, ms in out.items():
         print(f"  {name:<32} {ms:8.1f} ms per decode step")
     del model
@@ -303,7 +321,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-1.7b")
     ap.add_argument("--algos", nargs="+", default=["grpo", "smrc-sd"], choices=list(smrc.ALGOS))
-    ap.add_argument("--steps", type=int, default=2, help="steps per algorithm (the first is not timed when > 1)")
+    ap.add_argument("--steps", type=int, default=2,
+                    help="steps per algorithm (the first is not timed when > 1)")
     ap.add_argument("--tasks", type=int, default=4, help="task groups per step (= the number of train games)")
     ap.add_argument("--group", type=int, default=4, help="rollouts per task")
     ap.add_argument("--turns", type=int, default=5, help="episode step limit")
@@ -317,11 +336,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=-1, help="env worker processes (-1: from the cores)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--decode-profile", action="store_true", help="also time decode steps (the issue's setting)")
+    ap.add_argument("--decode-profile", action="store_true",
+                    help="also time decode steps (the issue's setting)")
     ap.add_argument("--profile-batch", type=int, default=16)
     ap.add_argument("--profile-prompt", type=int, default=1000)
     ap.add_argument("--profile-new", type=int, default=64)
-    ap.add_argument("--profile-repeats", type=int, default=3, help="timings per variant and length (the least kept)")
+    ap.add_argument("--profile-repeats", type=int, default=3,
+                    help="timings per variant and length (the least kept)")
     ap.add_argument("--json", default="", help="also write the summary here")
     return ap.parse_args(argv)
 
@@ -335,7 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
         pool = EnvPool(run_config(args, "grpo", Path(tmp)).env_cfg, episodes=args.tasks * args.group)
         try:
             profile = decode_profile(args, tok, world.device) if args.decode_profile else None
-            results = {a: run_algo(args, a, tok, world, pool, Path(tmp)) for a in args.algos} if args.steps else {}
+            results = ({a: run_algo(args, a, tok, world, pool, Path(tmp)) for a in args.algos} if args.steps
+                       else {})
         finally:
             pool.close()
     summary = report(args, world.device, results, pool.num_workers) if results else {}

@@ -1,11 +1,11 @@
-"""The embedded tiny model: a 2-layer Qwen3-architecture model with a byte-level BPE tokenizer trained locally on
-agent-prompt text, so the CPU preset needs no download.
+"""The embedded tiny model: a 2-layer Qwen3-architecture model with a byte-level BPE tokenizer trained locally
+on agent-prompt text, so the CPU preset needs no download.
 
 `build(path)` trains the tokenizer and initialises the model, saved in Hugging Face format (atomically);
-`model_dir()` returns where it lives under `$SMRC_CACHE` (default `~/.cache/smrc`), building it on first use, once
-across processes (`build_once`, which warmstart.py's recipes use too). From then on it is loaded through exactly
-the same `from_pretrained` path as a real model (`models.load_model`), so the CPU preset exercises the real
-loading, chat-template, checkpoint and generation code. `warmstart.py` turns it into `tiny-agent`.
+`model_dir()` returns where it lives under `$SMRC_CACHE` (default `~/.cache/smrc`), building it on first use,
+once across processes (`build_once`, which warmstart.py's recipes use too). From then on it is loaded through
+exactly the same `from_pretrained` path as a real model (`models.load_model`), so the CPU preset exercises the
+real loading, chat-template, checkpoint and generation code. `warmstart.py` turns it into `tiny-agent`.
 """
 
 import fcntl
@@ -30,7 +30,8 @@ GOAL_TEMPLATES = ("put a {o} in {r}.", "put some {o} on {r}.", "look at {o} unde
                   "cool some {o} and put it in {r}.", "put a cool {o} in {r}.", "put two {o} in {r}.",
                   "find two {o} and put them in {r}.")  # ALFWorld's goal sentences
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Qwen-style chat template: the same shape real Qwen models use, without the system/tool branches we never send.
+# Qwen-style chat template: the same shape real Qwen models use,
+# without the system/tool branches we never send.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -42,39 +43,47 @@ def cache_dir() -> Path:
 
 
 def _tokenizer_corpus() -> list[str]:
-    """Deterministic text the tiny BPE is trained on: the words agent prompts are made of (both environments)."""
-    rooms = ("cabinet countertop drawer fridge microwave sinkbasin stoveburner coffeemachine toaster shelf desk "
-             "dresser bed sidetable diningtable sofa armchair garbagecan safe bathtubbasin toilet towelholder "
-             "handtowelholder countertop cart laundryhamper tvstand coffeetable ottoman desklamp floorlamp").split()
-    objects = ("apple mug bowl plate cup pan pot egg potato tomato lettuce bread knife fork spoon spatula ladle kettle "
-               "book pen pencil cellphone alarmclock laptop keychain creditcard cd pillow cloth soapbar soapbottle "
-               "spraybottle candle toiletpaper towel vase statue box newspaper remotecontrol watch").split()
-    verbs = ["go to", "open", "close", "take", "from", "move", "to", "put", "in/on", "heat", "cool", "clean", "with",
-             "use", "examine", "look", "inventory", "search", "click", "back to search", "next >", "< prev", "buy now",
-             "description", "features", "reviews", "price lower than", "dollars", "size", "color"]
+    """Deterministic text the tiny BPE is trained on: the words agent prompts are made of
+    (both environments)."""
+    rooms = ("cabinet countertop drawer fridge microwave sinkbasin stoveburner coffeemachine toaster shelf "
+             "desk dresser bed sidetable diningtable sofa armchair garbagecan safe bathtubbasin toilet "
+             "towelholder handtowelholder countertop cart laundryhamper tvstand coffeetable ottoman desklamp "
+             "floorlamp").split()
+    objects = ("apple mug bowl plate cup pan pot egg potato tomato lettuce bread knife fork spoon spatula "
+               "ladle kettle book pen pencil cellphone alarmclock laptop keychain creditcard cd pillow cloth "
+               "soapbar soapbottle spraybottle candle toiletpaper towel vase statue box newspaper "
+               "remotecontrol watch").split()
+    verbs = ["go to", "open", "close", "take", "from", "move", "to", "put", "in/on", "heat", "cool", "clean",
+             "with", "use", "examine", "look", "inventory", "search", "click", "back to search", "next >",
+             "< prev", "buy now", "description", "features", "reviews", "price lower than", "dollars", "size",
+             "color"]
     lines = [
-        "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: put a clean mug in "
-        "coffeemachine. Prior to this step, you have already taken 3 step(s). Below are the most recent 2 "
-        "observations and the corresponding actions you took: [Observation 1: 'You arrive at cabinet 1. The cabinet "
-        "1 is closed.', Action 1: 'open cabinet 1'] You are now at step 4 and your current observation is: You open "
-        "the cabinet 1. The cabinet 1 is open. In it, you see a mug 2, and a bowl 1. Your admissible actions of the "
-        "current situation are: ['go to fridge 1', 'take mug 2 from cabinet 1']. Now it's your turn to take an "
-        "action. You should first reason step-by-step about the current situation. This reasoning process MUST be "
-        "enclosed within <think> </think> tags. Once you've finished your reasoning, you should choose an "
-        "admissible action for current step and present it within <action> </action> tags.",
-        "You are an expert autonomous agent operating in the WebShop e-commerce environment. Your task is to: i need "
-        "a pair of lightweight men's running shoes with color: navy blue, and size: 10, and price lower than 50.00 "
-        "dollars. Search [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B000TEST01 [SEP] "
-        "Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now",
-        "Successful trajectory for this task. Current state: you are at the countertop 1, you hold nothing, open: "
-        "fridge 1. Goal conditions already met: none. Candidate next action from the reference: take apple 1 from "
-        "countertop 1. Nothing happens. You are carrying: a mug 2. You are not carrying anything. You pick up the "
-        "You heat the You cool the You clean the using the You turn on the You move the You put the On the you see",
+        "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: put a clean "
+        "mug in coffeemachine. Prior to this step, you have already taken 3 step(s). Below are the most "
+        "recent 2 observations and the corresponding actions you took: [Observation 1: 'You arrive at "
+        "cabinet 1. The cabinet 1 is closed.', Action 1: 'open cabinet 1'] You are now at step 4 and your "
+        "current observation is: You open the cabinet 1. The cabinet 1 is open. In it, you see a mug 2, and "
+        "a bowl 1. Your admissible actions of the current situation are: ['go to fridge 1', 'take mug 2 from "
+        "cabinet 1']. Now it's your turn to take an action. You should first reason step-by-step about the "
+        "current situation. This reasoning process MUST be enclosed within <think> </think> tags. Once "
+        "you've finished your reasoning, you should choose an admissible action for current step and present "
+        "it within <action> </action> tags.",
+        "You are an expert autonomous agent operating in the WebShop e-commerce environment. Your task is "
+        "to: i need a pair of lightweight men's running shoes with color: navy blue, and size: 10, and price "
+        "lower than 50.00 dollars. Search [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > "
+        "[SEP] B000TEST01 [SEP] Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] "
+        "Reviews [SEP] Buy Now",
+        "Successful trajectory for this task. Current state: you are at the countertop 1, you hold nothing, "
+        "open: fridge 1. Goal conditions already met: none. Candidate next action from the reference: take "
+        "apple 1 from countertop 1. Nothing happens. You are carrying: a mug 2. You are not carrying "
+        "anything. You pick up the You heat the You cool the You clean the using the You turn on the You "
+        "move the You put the On the you see",
     ]
-    # every object and receptacle type of the generated games, so each name is one token: a model this small copies
-    # the goal's object into "take X from Y" far more easily when X is one token than when it is five
+    # every object and receptacle type of the generated games, so each name is one token: a model this small
+    # copies the goal's object into "take X from Y" far more easily when X is one token than when it is five
     names = sorted({n.lower() for r, objs in CAN_CONTAIN.items() for n in (r, *objs)})
-    rooms, objects = rooms + [n for n in names if n in _RECEPTACLES], objects + [n for n in names if n not in _RECEPTACLES]
+    rooms, objects = (rooms + [n for n in names if n in _RECEPTACLES],
+                      objects + [n for n in names if n not in _RECEPTACLES])
     lines += [goal.format(o=o, r=r) for goal in GOAL_TEMPLATES for o, r in zip(objects, rooms * 3)]
     for w in rooms + objects:
         lines += [f"go to {w} {i}" for i in range(1, 6)] + [f"a {w} {i}" for i in range(1, 6)]
@@ -84,7 +93,8 @@ def _tokenizer_corpus() -> list[str]:
 
 
 def build(path: Path, seed: int = 0) -> None:
-    """Train the tiny tokenizer and initialise the tiny Qwen3 model, saved in HF format at `path` (atomically)."""
+    """Train the tiny tokenizer and initialise the tiny Qwen3 model, saved in HF format at `path`
+    (atomically)."""
     tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -99,12 +109,13 @@ def build(path: Path, seed: int = 0) -> None:
 
 
 def new_model(tokenizer, layers: int, hidden: int, seed: int = 0):
-    """A randomly initialised Qwen3-architecture model for `tokenizer` (heads of 64: vLLM's CPU attention rejects
-    smaller ones; one key/value head; MLP width 2 × hidden; tied embeddings)."""
+    """A randomly initialised Qwen3-architecture model for `tokenizer` (heads of 64: vLLM's CPU attention
+    rejects smaller ones; one key/value head; MLP width 2 × hidden; tied embeddings)."""
     cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=1, head_dim=64,
-                      max_position_embeddings=8192, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=1,
+                      head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      bos_token_id=None)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -113,8 +124,8 @@ def new_model(tokenizer, layers: int, hidden: int, seed: int = 0):
 
 
 def save_atomically(model, tokenizer, path: Path, extra: dict[str, str] | None = None) -> None:
-    """save_pretrained (plus `extra` text files) into a temporary folder, then rename: concurrent builders never see
-    a half-written model."""
+    """save_pretrained (plus `extra` text files) into a temporary folder, then rename: concurrent builders
+    never see a half-written model."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp"))
     model.save_pretrained(tmp)
@@ -138,8 +149,9 @@ def model_dir() -> str:
 
 
 def build_once(path: Path, build_fn: Callable[[Path], None]) -> None:
-    """Build a cache entry unless it exists, under an exclusive lock beside it (`.NAME.lock`, released when the
-    file closes): a second builder at the same time (a test worker, a sweep child) waits, then finds the build."""
+    """Build a cache entry unless it exists, under an exclusive lock beside it (`.NAME.lock`, released when
+    the file closes): a second builder at the same time (a test worker, a sweep child) waits, then finds the
+    build."""
     if (path / "config.json").exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)

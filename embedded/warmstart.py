@@ -4,34 +4,34 @@
 Recipe (its choices and their measurements are in the README, "Learning you can see"):
 - Games: small generated *training* games (evaluation games are never used).
 - Demonstrations: per game, one episode of the expert (environments/alfworld_expert.py) and `explore_episodes`
-  episodes in which some of its "go to" moves are replaced by random ones. Every turn is one example, the ordinary
-  prompt -> `<action>{the expert's action in that state}</action>`, so the agent also learns to recover from states
-  the clean expert never visits (DAgger-style labels). The states of the reference runs below get plain examples
-  with the expert's label too.
+  episodes in which some of its "go to" moves are replaced by random ones. Every turn is one example, the
+  ordinary prompt -> `<action>{the expert's action in that state}</action>`, so the agent also learns to
+  recover from states the clean expert never visits (DAgger-style labels). The states of the reference runs
+  below get plain examples with the expert's label too.
 - Reference-conditioned examples, the stand-in for in-context ability at CPU scale: a pretrained LLM reads a
-  reference in its prompt untaught; a model this small reads it only where reading was the only way to be right.
-  So the references are clean successful runs whose choices the observation-only expert could not make from its
-  prompt: the engine planner's solution (it walks straight to the hidden object) and the expert with the other
-  search order (it finds the object elsewhere first, and delivers to another receptacle of the kind). Every state
-  of the expert's episodes and of the reference runs that matches a reference position (router.match_structured)
-  gives a context example: the teacher's user message (router.teacher_context, joined to the ordinary prompt
-  as teacher.py joins them) -> the reference's next action there (the candidate). Its format is one of the
-  state's own blocks (`summary`, `candidate`, `smrc`, rotating), and a state matched at its own step index
-  also gets the bare `trajectory`, which FullPath-SD's teacher must read by step number (router.match_all
-  aligns by index). The same state's plain example keeps the expert's own label, so where the two differ
-  only the context is right (`context_stats` counts that share by format and phase; the build writes it to
-  warmstart_stats.json).
-  Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever it
-  generalises to, as with a real LLM.
-- Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens, AdamW
-  with warm-up and a cosine decay, batches packed by token count. Identical examples are one example weighing their
-  count (`weighted`), so an epoch sums the same loss terms without the copies' forward passes. The plain examples
-  train for `epochs` passes and the context examples (longer: they carry the trajectory) for `context_epochs`,
-  fewer, so that the build fits in 20 minutes on 2 cores (`training_plan`; docs/notes.md v16-v21 measure what
-  the epochs cost and buy).
+  reference in its prompt untaught; a model this small reads it only where reading was the only way to be
+  right. So the references are clean successful runs whose choices the observation-only expert could not make
+  from its prompt: the engine planner's solution (it walks straight to the hidden object) and the expert with
+  the other search order (it finds the object elsewhere first, and delivers to another receptacle of the
+  kind). Every state of the expert's episodes and of the reference runs that matches a reference position
+  (router.match_structured) gives a context example: the teacher's user message (router.teacher_context,
+  joined to the ordinary prompt as teacher.py joins them) -> the reference's next action there (the
+  candidate). Its format is one of the state's own blocks (`summary`, `candidate`, `smrc`, rotating), and a
+  state matched at its own step index also gets the bare `trajectory`, which FullPath-SD's teacher must read
+  by step number (router.match_all aligns by index). The same state's plain example keeps the expert's own
+  label, so where the two differ only the context is right (`context_stats` counts that share by format and
+  phase; the build writes it to warmstart_stats.json).
+  Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever
+  it generalises to, as with a real LLM.
+- Model: a Qwen3-architecture model with the embedded tiny tokenizer; cross-entropy on the response tokens,
+  AdamW with warm-up and a cosine decay, batches packed by token count. Identical examples are one example
+  weighing their count (`weighted`), so an epoch sums the same loss terms without the copies' forward passes.
+  The plain examples train for `epochs` passes and the context examples (longer: they carry the trajectory)
+  for `context_epochs`, fewer, so that the build fits in 20 minutes on 2 cores (`training_plan`; docs/notes.md
+  v16-v21 measure what the epochs cost and buy).
 Two recipes: `tiny-agent` (the full one, for bench/learn.py) and `tiny-agent-quick` (fewer games, for the
-`--preset tiny` smoke run). Deterministic (seeded); saved in Hugging Face format under $SMRC_CACHE and loaded through
-`from_pretrained` like any model.
+`--preset tiny` smoke run). Deterministic (seeded); saved in Hugging Face format under $SMRC_CACHE and loaded
+through `from_pretrained` like any model.
 """
 
 import hashlib
@@ -78,7 +78,8 @@ class Recipe:
 
 
 RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, context_epochs=1.2, bf16=True),
-           TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}  # quick: the smoke run's, CI's
+           # quick: the smoke run's, CI's
+           TINY_AGENT_QUICK: Recipe(games=96, epochs=1.5, differing_repeats=1)}
 GAMES = AlfworldConfig(source="generated", room_size="small", max_steps=60, require_think=False)
 PLANNER_TIMEOUT_S = 120.0  # generous: a timed-out plan would make the build depend on the machine's speed
 
@@ -104,8 +105,8 @@ def phase(task: envs.Task, signature: envs.Signature) -> str:
 
 
 def labelled_episode(env, task: envs.Task, choose) -> tuple[rollout.Episode, list[str]]:
-    """Play `choose(admissible, label) -> action` from reset; every turn records its ordinary prompt, state, history
-    key, and the (observation-only) expert's label in that state, whoever chose the action taken."""
+    """Play `choose(admissible, label) -> action` from reset; every turn records its ordinary prompt, state,
+    history key, and the (observation-only) expert's label in that state, whoever chose the action taken."""
     expert = alfworld_expert.Expert(alfworld_expert.goal_of(task))
     ep, labels = rollout.replay(env, task, []), []
     while not ep.done and len(ep.turns) < GAMES.max_steps:
@@ -128,9 +129,10 @@ def explorer(rng: random.Random, explore: float):
 
 
 def reference_runs(env, task: envs.Task, plan: list[str] | None) -> list[tuple[rollout.Episode, list[str]]]:
-    """Clean successful trajectories whose choices the observation-only expert could not make from its prompt: the
-    engine planner's solution (it walks straight to the hidden object) and the expert with the other search
-    order (descending: it finds the object elsewhere first, and delivers to the last receptacle of a kind)."""
+    """Clean successful trajectories whose choices the observation-only expert could not make from its prompt:
+    the engine planner's solution (it walks straight to the hidden object) and the expert with the other
+    search order (descending: it finds the object elsewhere first, and delivers to the last receptacle of a
+    kind)."""
     runs = []
     if plan:
         steps = iter(plan)
@@ -141,11 +143,11 @@ def reference_runs(env, task: envs.Task, plan: list[str] | None) -> list[tuple[r
 
 
 def game_examples(env, task: envs.Task, recipe: Recipe, seed: int, plan: list[str] | None) -> list[Example]:
-    """One game's examples. Plain: every state of the expert's clean and perturbed episodes and of the reference
-    runs -> the expert's label. Context: every state of those episodes that matches a reference position
-    (router.match_structured; a reference run's own states match it), in `recipe.context_formats` of the
-    state's formats and, matched at its own index, in the `trajectory` format -> the reference's next action
-    there (the candidate). Mismatched states give no context example."""
+    """One game's examples. Plain: every state of the expert's clean and perturbed episodes and of the
+    reference runs -> the expert's label. Context: every state of those episodes that matches a reference
+    position (router.match_structured; a reference run's own states match it), in `recipe.context_formats` of
+    the state's formats and, matched at its own index, in the `trajectory` format -> the reference's next
+    action there (the candidate). Mismatched states give no context example."""
     rng = random.Random(seed)
     students = [labelled_episode(env, task, explorer(rng, recipe.explore_prob if k else 0.0))
                 for k in range(1 + recipe.explore_episodes)]
@@ -198,16 +200,18 @@ def demonstrations(recipe: Recipe, workers: int = 2) -> list[Example]:
 
 
 def weighted(examples: list[Example], differing_repeats: int) -> tuple[list[Example], list[int]]:
-    """Identical examples merged into one with a weight, their count (38% of plain examples repeat another state
-    exactly); a context example whose target differs from the plain label weighs `differing_repeats` times more.
-    An epoch's loss has the same terms as training on every copy; the copies' forward passes are saved."""
+    """Identical examples merged into one with a weight, their count (38% of plain examples repeat another
+    state exactly); a context example whose target differs from the plain label weighs `differing_repeats`
+    times more. An epoch's loss has the same terms as training on every copy; the copies' forward passes are
+    saved."""
     first, count = {}, Counter()
     for e in examples:
         key = (e.user_text, e.action, e.format)
         first.setdefault(key, e)
         count[key] += 1
-    return list(first.values()), [count[k] * (differing_repeats if e.format and e.action != e.plain_label else 1)
-                                  for k, e in first.items()]
+    return (list(first.values()),
+            [count[k] * (differing_repeats if e.format and e.action != e.plain_label else 1)
+             for k, e in first.items()])
 
 
 def _batches(members: list[int], lengths: list[int], weights: list[int], budget: int,
@@ -243,10 +247,11 @@ def training_plan(lengths: list[int], weights: list[int], epochs: list[float], b
 
 
 def response_logprobs(model, rows: list[tuple[list[int], list[int]]], pad_id: int):
-    """(B, R) log π of each response token of the (prompt ids, response ids) `rows`, 0 at padding, and its (B, R)
-    mask. Each row is laid out [prompt | response | padding] from column 0, so causal attention alone is exact for
-    every real token and the batch needs no padding mask: a build batch takes 0.83x the time it takes in the
-    trainer's left-padded layout (`models.collate`), with the same values up to float rounding (tested)."""
+    """(B, R) log π of each response token of the (prompt ids, response ids) `rows`, 0 at padding, and its
+    (B, R) mask. Each row is laid out [prompt | response | padding] from column 0, so causal attention alone
+    is exact for every real token and the batch needs no padding mask: a build batch takes 0.83x the time it
+    takes in the trainer's left-padded layout (`models.collate`), with the same values up to float rounding
+    (tested)."""
     B, L, R = len(rows), max(len(p) + len(r) for p, r in rows), max(len(r) for _, r in rows)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     cols = torch.zeros((B, R), dtype=torch.long)     # the column whose output predicts each response token
@@ -263,15 +268,16 @@ def response_logprobs(model, rows: list[tuple[list[int], list[int]]], pad_id: in
 
 
 def context_stats(examples: list[Example]) -> dict:
-    """Context examples by format and by phase: how many, and the share whose target (the reference's next action)
-    differs from the expert's plain label in the same state (where only reading the context is right)."""
+    """Context examples by format and by phase: how many, and the share whose target (the reference's next
+    action) differs from the expert's plain label in the same state (where only reading the context is
+    right)."""
     ctx = [e for e in examples if e.format]
     out = {"examples": len(examples), "plain": len(examples) - len(ctx), "context": len(ctx)}
     for key in ("format", "phase"):
         for value in sorted({getattr(e, key) for e in ctx}):
             group = [e for e in ctx if getattr(e, key) == value]
-            out[f"{key}={value}"] = {"n": len(group),
-                                     "target_differs": sum(e.action != e.plain_label for e in group) / len(group)}
+            out[f"{key}={value}"] = {
+                "n": len(group), "target_differs": sum(e.action != e.plain_label for e in group) / len(group)}
     out["target_differs"] = sum(e.action != e.plain_label for e in ctx) / max(1, len(ctx))
     return out
 
@@ -282,15 +288,18 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     examples = demonstrations(recipe)
     stats = context_stats(examples)
     print(f"{path.name}: {json.dumps(stats)}", flush=True)
-    examples, weights = weighted(examples, recipe.differing_repeats)  # where only reading is right: weighs more
-    data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
+    # where only reading is right: weighs more
+    examples, weights = weighted(examples, recipe.differing_repeats)
+    data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"]
+             + [tok.eos_token_id])
             for e in examples]
     context_epochs = recipe.epochs if recipe.context_epochs is None else recipe.context_epochs
     plan = training_plan([len(p) + len(r) for p, r in data], weights,
-                         [context_epochs if e.format else recipe.epochs for e in examples], recipe.batch_tokens,
-                         random.Random(seed))
+                         [context_epochs if e.format else recipe.epochs for e in examples],
+                         recipe.batch_tokens, random.Random(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
-    warmup_cosine = lambda k: min(1.0, (k + 1) / 30) * 0.5 * (1 + math.cos(math.pi * k / len(plan)))  # noqa: E731
+    warmup_cosine = lambda k: (min(1.0, (k + 1) / 30) * 0.5  # noqa: E731
+                               * (1 + math.cos(math.pi * k / len(plan))))
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     model.train()
     bf16 = recipe.bf16 and native_bf16()  # emulated bf16 is ~6x slower than float32 (AVX2-only CPUs)

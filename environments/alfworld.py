@@ -1,19 +1,23 @@
-"""ALFWorld on the real engine: the config, task lists (official data or generated games), the env, its signature.
+"""ALFWorld on the real engine: the config, task lists (official data or generated games), the env, its
+signature.
 
-- `AlfworldConfig` (an `envs.EpisodeConfig`): `load_tasks(split)`, `make_env()` and `plan(task, actions, timeout_s)`
-  (the engine's Fast Downward planner, run by `planner.Planner` in its own process) for the trainer's dispatcher.
+- `AlfworldConfig` (an `envs.EpisodeConfig`): `load_tasks(split)`, `make_env()` and
+  `plan(task, actions, timeout_s)` (the engine's Fast Downward planner, run by `planner.Planner` in its own
+  process) for the trainer's dispatcher.
 - `AlfworldEnv`: the stock engine built directly, `textworld.envs.PddlEnv(EnvInfos(won, admissible_commands,
   facts, extras=["gamefile"]))` -> `AlfredDemangler(shuffle=False)` -> `AlfredInfos`, as ALFWorld's own
-  `AlfredTWEnv` builds it (alfworld/agents/environment/alfred_tw_env.py). A game is loaded (grammar compiled) once per
-  env instance and reused across resets (a small LRU of loaded games). Two pure functions of the engine are
-  memoised for speed (`memoize_text_grammar`, `memoize_pddl_translation`: a reset 0.06-0.11 s -> 0.02-0.04 s).
+  `AlfredTWEnv` builds it (alfworld/agents/environment/alfred_tw_env.py). A game is loaded (grammar compiled)
+  once per env instance and reused across resets (a small LRU of loaded games). Two pure functions of the
+  engine are memoised for speed (`memoize_text_grammar`, `memoize_pddl_translation`: a reset 0.06-0.11 s
+  -> 0.02-0.04 s).
 - `alfworld_signature(...)`: the structured state signature computed from the engine's PDDL facts.
 
-Signature fields. Two states are "the same" for routing iff their signatures are equal, so each field is a piece of
-state that changes which next action is right; everything else is left out on purpose.
+Signature fields. Two states are "the same" for routing iff their signatures are equal, so each field is a
+piece of state that changes which next action is right; everything else is left out on purpose.
   task      task id. States of different tasks are never the same.
   location  display names of the receptacles at the agent's location (several can share one location in
-            official scenes), or ("middle of the room",) at the start. Decides which take/open/put actions exist.
+            official scenes), or ("middle of the room",) at the start. Decides which take/open/put actions
+            exist.
   holding   objects in hand (0 or 1 in practice). Decides between searching and delivering.
   opened    open receptacles. Taking from / putting into a closed receptacle fails ("Nothing happens.").
   placed    (object, receptacle) for the task-relevant objects (objects of the goal's object or toggle type)
@@ -46,7 +50,8 @@ from envs import MAX_ACTION_CHARS, DataError, EnvError, EpisodeConfig, PlanResul
 from environments import alfworld_games
 from environments.planner import Planner
 
-# Read before anything imports alfworld: `import alfworld` sets $ALFWORLD_DATA to ~/.cache/alfworld when unset.
+# Read before anything imports alfworld: `import alfworld` sets $ALFWORLD_DATA to
+# ~/.cache/alfworld when unset.
 ALFWORLD_DATA = os.environ.get("ALFWORLD_DATA", "")
 TASK_TYPES = alfworld_games.TASK_TYPES
 OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -56,11 +61,13 @@ OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen")
 class AlfworldConfig(EpisodeConfig):
     # Data
     source: Literal["generated", "official"] = "generated"
-    """'generated': games written by environments/alfworld_games.py (no download); 'official': $ALFWORLD_DATA"""
+    """'generated': games written by environments/alfworld_games.py (no download); 'official':
+    $ALFWORLD_DATA"""
     data_dir: str = ALFWORLD_DATA
     """root of the official data (holds json_2.1.1/); defaults to $ALFWORLD_DATA (also when empty)"""
     official_eval_split: Literal["valid_seen", "valid_unseen"] = "valid_unseen"
-    """official split that load_tasks(split='eval') means (valid_seen = in-distribution, valid_unseen = OOD)"""
+    """official split that load_tasks(split='eval') means (valid_seen = in-distribution,
+    valid_unseen = OOD)"""
     task_types: tuple[str, ...] = TASK_TYPES
     """task types kept (ALFWorld's own task-type filter)"""
     room_size: Literal["small", "medium", "real"] = "small"
@@ -77,11 +84,13 @@ class AlfworldConfig(EpisodeConfig):
     """loaded games kept per env instance (loading compiles the game's grammar)"""
 
     def load_tasks(self, split: str) -> list[Task]:
-        """Splits: 'train', 'eval' (generated: its own eval seeds; official: official_eval_split), 'valid_seen',
-        'valid_unseen' (official only)."""
-        assert set(self.task_types) <= set(TASK_TYPES), f"unknown task types {set(self.task_types) - set(TASK_TYPES)}"
+        """Splits: 'train', 'eval' (generated: its own eval seeds; official: official_eval_split),
+        'valid_seen', 'valid_unseen' (official only)."""
+        assert set(self.task_types) <= set(TASK_TYPES), \
+            f"unknown task types {set(self.task_types) - set(TASK_TYPES)}"
         if self.source == "generated":
-            assert split in alfworld_games.SPLITS, f"generated ALFWorld games have splits {alfworld_games.SPLITS}"
+            assert split in alfworld_games.SPLITS, \
+                f"generated ALFWorld games have splits {alfworld_games.SPLITS}"
             return _generated_tasks(self, split)
         split = self.official_eval_split if split == "eval" else split
         assert split in OFFICIAL_SPLITS, f"official ALFWorld splits are {OFFICIAL_SPLITS} (or 'eval')"
@@ -91,8 +100,8 @@ class AlfworldConfig(EpisodeConfig):
         return AlfworldEnv(self)
 
     def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
-        """The engine's planner (what `policy_commands` returns) from the state after replaying `actions`; games are
-        addressed by path, so one planner process serves every config."""
+        """The engine's planner (what `policy_commands` returns) from the state after replaying `actions`;
+        games are addressed by path, so one planner process serves every config."""
         return _PLANNER.plan(task, actions, timeout_s)
 
     def prefetch_plan(self, task: Task, actions: list[str]) -> None:
@@ -105,10 +114,11 @@ class AlfworldConfig(EpisodeConfig):
 def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
     """ALFWorld's own filter (AlfredTWEnv.collect_game_files): traj_data.json + game.tw-pddl present, json
     'solvable' true, no 'movable'/'Sliced' in the path, task type kept. Sorted by path (pinned order)."""
-    hint = ("Set ALFWORLD_DATA (or --alfworld.data-dir) to the folder holding json_2.1.1/ (run `alfworld-download` "
-            "on a networked machine and copy ~/.cache/alfworld over), or use generated games: "
-            "--alfworld.source generated.")
-    data_dir = cfg.data_dir or ALFWORLD_DATA  # a run's saved config may predate the variable: read it here, once
+    hint = ("Set ALFWORLD_DATA (or --alfworld.data-dir) to the folder holding json_2.1.1/ (run "
+            "`alfworld-download` on a networked machine and copy ~/.cache/alfworld over), or use generated "
+            "games: --alfworld.source generated.")
+    # a run's saved config may predate the variable: read it here, once
+    data_dir = cfg.data_dir or ALFWORLD_DATA
     if not data_dir:
         raise DataError(f"ALFWorld official data requested but ALFWORLD_DATA is not set. {hint}")
     root = os.path.join(os.path.expanduser(data_dir), "json_2.1.1", split)
@@ -147,26 +157,28 @@ def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
 def _generated_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
     n = cfg.num_train_games if split == "train" else cfg.num_eval_games
     paths = alfworld_games.generate(split, n, cfg.room_size, cfg.gen_seed, cfg.cache_dir)
-    tasks = [Task(f"alfworld/gen-{split}/{i:05d}", alfworld_games.TASK_TYPES[i % 6], "alfworld", os.path.abspath(p))
+    tasks = [Task(f"alfworld/gen-{split}/{i:05d}", alfworld_games.TASK_TYPES[i % 6], "alfworld",
+                  os.path.abspath(p))
              for i, p in enumerate(paths)]
     kept = [t for t in tasks if t.task_type in cfg.task_types]
     print(f"alfworld generated {split}: {len(kept)} of {n} games kept by task type ({cfg.room_size} rooms, "
-          f"seed {cfg.gen_seed}) under {os.path.dirname(os.path.dirname(paths[0])) if paths else cfg.cache_dir}")
+          f"seed {cfg.gen_seed}) under "
+          f"{os.path.dirname(os.path.dirname(paths[0])) if paths else cfg.cache_dir}")
     return kept
 
 
 # ---------------------------------------------------------------------------------------------- env
 
-# DOTALL: with `.` unable to cross a newline, `(.+)$` failed at every split point of a long multi-line action and the
-# match backtracked quadratically (4.8 s on 40 KB); now the first split point ends the match (linear).
+# DOTALL: with `.` unable to cross a newline, `(.+)$` failed at every split point of a long multi-line action
+# and the match backtracked quadratically (4.8 s on 40 KB); now the first split point ends the match (linear).
 _PUT = re.compile(r"^put (.+?) (?:in/on|in|on|into|onto) (.+)$", re.DOTALL)
 _MOVE = re.compile(r"^move (.+?) to (.+)$", re.DOTALL)
 
 
 def normalise_action(action: str, admissible: list[str]) -> str:
-    """Maps `put X in/on Y` <-> `move X to Y` onto the form this game's grammar admits (both generations). An action
-    longer than envs.MAX_ACTION_CHARS is returned as is (no command is that long: the game answers 'Nothing
-    happens.')."""
+    """Maps `put X in/on Y` <-> `move X to Y` onto the form this game's grammar admits (both generations). An
+    action longer than envs.MAX_ACTION_CHARS is returned as is (no command is that long: the game answers
+    'Nothing happens.')."""
     action = action.strip()
     if action in admissible or len(action) > MAX_ACTION_CHARS:
         return action
@@ -181,7 +193,8 @@ def normalise_action(action: str, admissible: list[str]) -> str:
 
 @dataclass
 class GameInfo:
-    """Static facts of one game, read once at its first reset: what the signature needs besides dynamic facts."""
+    """Static facts of one game, read once at its first reset:
+    what the signature needs besides dynamic facts."""
     recep_at_loc: dict[str, tuple[str, ...]]  # location name -> sorted receptacle display names there
     obj_type: dict[str, str]                   # object display name -> type ("mug")
     recep_type: dict[str, str]                 # receptacle display name -> type ("coffeemachine")
@@ -192,11 +205,13 @@ class GameInfo:
 
 
 def _facts_by_predicate(facts) -> dict[str, list[tuple[str, ...]]]:
-    """Engine facts (textworld Propositions, display names) -> {predicate: [argument-name tuples]}, positives only."""
+    """Engine facts (textworld Propositions, display names) -> {predicate: [argument-name tuples]},
+    positives only."""
     out = {}
     for f in facts:
         if not f.name.startswith(("not_", "new-axiom")):
-            out.setdefault(f.name, []).append(tuple(a.name.strip() for a in f.arguments))  # "agent1 " -> "agent1"
+            # "agent1 " -> "agent1"
+            out.setdefault(f.name, []).append(tuple(a.name.strip() for a in f.arguments))
     return out
 
 
@@ -245,13 +260,14 @@ def _progress(facts: dict, g: GameInfo, task_type: str, here: tuple[str, ...]) -
     return tuple(done)
 
 
-# "on" is read from isToggled: the engine's ToggleObject leaves isOn false (its two `when` effects cancel out),
-# and isToggled is what the look_at_obj_in_light goal checks.
+# "on" is read from isToggled: the engine's ToggleObject leaves isOn false (its two `when` effects cancel
+# out), and isToggled is what the look_at_obj_in_light goal checks.
 _FLAGS = (("isclean", "clean"), ("ishot", "hot"), ("iscool", "cool"), ("istoggled", "on"))
 
 
 def alfworld_signature(task: Task, facts: dict, g: GameInfo) -> Signature:
-    """The structured state signature (fields documented in the module docstring). Deterministic: sorted tuples."""
+    """The structured state signature (fields documented in the module docstring). Deterministic:
+    sorted tuples."""
     agent_loc = [loc for a, loc in facts.get("atlocation", []) if a == "agent1"]
     here = g.recep_at_loc.get(agent_loc[0], ()) if agent_loc else ()
     return (("task", task.task_id),
@@ -265,10 +281,10 @@ def alfworld_signature(task: Task, facts: dict, g: GameInfo) -> Signature:
 
 
 def memoize_text_grammar() -> None:
-    """Speed: textworld derives every observation through its text grammar and re-parses the same template strings
-    with a tatsu parser on every step (about two thirds of a step's time). The parse is a pure function of its
-    arguments, so it is memoised; each call gets a deep copy (derivation mutates the symbols). Observations are
-    unchanged (tested)."""
+    """Speed: textworld derives every observation through its text grammar and re-parses the same template
+    strings with a tatsu parser on every step (about two thirds of a step's time). The parse is a pure
+    function of its arguments, so it is memoised; each call gets a deep copy (derivation mutates the symbols).
+    Observations are unchanged (tested)."""
     from textworld.envs.pddl import textgen
     parse = textgen._parse_and_convert
     if getattr(parse, "memoized", False):
@@ -285,10 +301,11 @@ def memoize_text_grammar() -> None:
 
 
 def memoize_pddl_translation(maxsize: int = 32) -> None:
-    """Speed: every reset builds the game's state by translating its PDDL domain and problem to Fast Downward's
-    SAS format, twice (about 70% of a reset's time), though a game's text never changes between resets. The
-    translation is a pure function of its arguments, so the last `maxsize` are memoised; each call gets a deep
-    copy of the parsed task (the SAS text is immutable). States and observations are unchanged (tested)."""
+    """Speed: every reset builds the game's state by translating its PDDL domain and problem to Fast
+    Downward's SAS format, twice (about 70% of a reset's time), though a game's text never changes between
+    resets. The translation is a pure function of its arguments, so the last `maxsize` are memoised; each call
+    gets a deep copy of the parsed task (the SAS text is immutable). States and observations are unchanged
+    (tested)."""
     import fast_downward
     translate = fast_downward.pddl2sas
     if getattr(translate, "memoized", False):
@@ -303,7 +320,8 @@ def memoize_pddl_translation(maxsize: int = 32) -> None:
 
 
 class AlfworldEnv:
-    """One ALFWorld episode at a time on the real engine; loaded games are kept (LRU) and reused across resets."""
+    """One ALFWorld episode at a time on the real engine;
+    loaded games are kept (LRU) and reused across resets."""
 
     def __init__(self, cfg: AlfworldConfig):
         self.cfg = cfg
@@ -344,13 +362,15 @@ class AlfworldEnv:
 
     def step(self, action: str) -> StepResult:
         if self._done:
-            raise EnvError(f"task {self._task and self._task.task_id}: step({action!r}) on a finished episode")
+            raise EnvError(f"task {self._task and self._task.task_id}: step({action!r}) "
+                           "on a finished episode")
         command = normalise_action(action, self._admissible)
         state, _, _ = self._tw.step(command)
         self._steps += 1
         won = bool(state["won"])
         extra = {"action": command, "truncated": not won and self._steps >= self.cfg.max_steps}
-        return self._result(state, _facts_by_predicate(state["facts"]), state.feedback, 10.0 if won else 0.0, extra)
+        return self._result(state, _facts_by_predicate(state["facts"]), state.feedback, 10.0 if won else 0.0,
+                            extra)
 
     def _result(self, state, facts: dict, observation: str, reward: float, extra: dict) -> StepResult:
         won = bool(state["won"])

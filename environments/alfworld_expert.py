@@ -1,21 +1,23 @@
 """An observation-feasible scripted ALFWorld expert: what the warm start imitates.
 
-Why not the planner: the engine's PDDL planner is omniscient. It walks straight to an object's hidden location, which
-an agent cannot infer from what it has seen, so a model cloned from it learns to guess. This expert uses only what the
-agent's prompt shows: the goal, the current observation and the admissible commands. It
+Why not the planner: the engine's PDDL planner is omniscient. It walks straight to an object's hidden
+location, which an agent cannot infer from what it has seen, so a model cloned from it learns to guess. This
+expert uses only what the agent's prompt shows: the goal, the current observation and the admissible
+commands. It
 
-  1. searches: visits receptacles in a fixed order (sorted by name, cyclic from where it stands), skipping types that
-     cannot hold the object (common sense: a mug is not in a bed; the generator's `CAN_CONTAIN` table) and the goal's
-     receptacle type (a target never starts there); opens a closed receptacle it searches; takes the first object of
-     the goal's type it sees;
+  1. searches: visits receptacles in a fixed order (sorted by name, cyclic from where it stands), skipping
+     types that cannot hold the object (common sense: a mug is not in a bed; the generator's `CAN_CONTAIN`
+     table) and the goal's receptacle type (a target never starts there); opens a closed receptacle it
+     searches; takes the first object of the goal's type it sees;
   2. transforms: for clean/heat/cool tasks, goes to the sink basin / microwave / fridge and uses it;
-  3. delivers: goes to the first receptacle of the goal's type, opens it if closed, puts the object there (twice for
-     pick_two); for look_at_obj_in_light it searches for the lamp instead and uses it.
+  3. delivers: goes to the first receptacle of the goal's type, opens it if closed, puts the object there
+     (twice for pick_two); for look_at_obj_in_light it searches for the lamp instead and uses it.
 
-Its decisions are a function of (goal, where it stands, what it holds, the admissible commands, the last action), all
-visible in a prompt with one step of history, so a model can imitate it exactly. `play` runs it through an env and can
-replace some of its "go to" moves by random ones (a DAgger-style perturbation: the label stays the expert's choice,
-so the imitator also learns to recover from states the clean expert never visits).
+Its decisions are a function of (goal, where it stands, what it holds, the admissible commands, the last
+action), all visible in a prompt with one step of history, so a model can imitate it exactly. `play` runs it
+through an env and can replace some of its "go to" moves by random ones (a DAgger-style perturbation: the
+label stays the expert's choice, so the imitator also learns to recover from states the clean expert never
+visits).
 """
 import copy
 import json
@@ -44,7 +46,8 @@ class Goal:
 def goal_of(task) -> Goal:
     with open(os.path.join(os.path.dirname(task.source), "traj_data.json")) as f:
         p = json.load(f)["pddl_params"]
-    return Goal(task.task_type, p["object_target"].lower(), p["parent_target"].lower(), p["toggle_target"].lower())
+    return Goal(task.task_type, p["object_target"].lower(), p["parent_target"].lower(),
+                p["toggle_target"].lower())
 
 
 def _kind(name: str) -> str:
@@ -97,7 +100,8 @@ class Expert:
         return self._go(places, g.parent)
 
     def label(self, admissible: list[str]) -> str:
-        """What the expert would do here, without committing to it (its state changes only through `follow`)."""
+        """What the expert would do here, without committing to it
+        (its state changes only through `follow`)."""
         return copy.copy(self).act(admissible)
 
     def follow(self, action: str) -> None:
@@ -111,7 +115,8 @@ class Expert:
             self.holding, self.transformed = None, False
 
     def _search(self, places: list[str], here: str | None, wanted: str) -> str:
-        """The next receptacle after `here` (cyclic, sorted by name; descending if `reverse`) that can hold `wanted`."""
+        """The next receptacle after `here` (cyclic, sorted by name;
+        descending if `reverse`) that can hold `wanted`."""
         fits = [p for p in places if wanted in _HOLDS.get(_kind(p), ()) and _kind(p) != self.goal.parent]
         if self.reverse:
             fits.reverse()  # places come sorted by name
@@ -125,8 +130,9 @@ class Expert:
 
 
 def play(env, task, rng: random.Random, explore: float = 0.0, max_steps: int = 60):
-    """One expert episode: a list of (StepResult seen, expert action, action taken) and the final StepResult. With
-    probability `explore`, a "go to" move of the expert is replaced by a random "go to" (the label stays)."""
+    """One expert episode: a list of (StepResult seen, expert action, action taken) and the final StepResult.
+    With probability `explore`, a "go to" move of the expert is replaced by a random "go to" (the label
+    stays)."""
     res, expert, steps = env.reset(task), Expert(goal_of(task)), []
     while not res.done and len(steps) < max_steps:
         label = expert.act(res.admissible)

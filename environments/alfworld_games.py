@@ -2,22 +2,23 @@
 
 What it does: writes games that the stock ALFWorld engine (`textworld.envs.PddlEnv` + alfworld wrappers) loads
 exactly like downloaded ones. The PDDL domain and the grammar are read from the installed alfworld wheel
-(`alfworld.info.ALFRED_PDDL_PATH` / `ALFRED_TWL2_PATH`); the task sentence is put into the grammar by ALFWorld's
-own `add_task_to_grammar` (which draws the goal template with the *global* `random`, so we seed it around the
-call and restore its state). Only the PDDL problem (objects, initial facts, goal) is ours, written from the
-room tables below. The goal is ALFWorld's `goal_library.gdict[task_type]['pddl']` with the type names filled in.
+(`alfworld.info.ALFRED_PDDL_PATH` / `ALFRED_TWL2_PATH`); the task sentence is put into the grammar by
+ALFWorld's own `add_task_to_grammar` (which draws the goal template with the *global* `random`, so we seed it
+around the call and restore its state). Only the PDDL problem (objects, initial facts, goal) is ours, written
+from the room tables below. The goal is ALFWorld's `goal_library.gdict[task_type]['pddl']` with the type names
+filled in.
 
 Layout: `<cache_dir>/<size>-<seed>/<split>/<task_type>-<Obj>-<MRecep>-<Recep>-gen<NNNNN>/{game.tw-pddl,
 traj_data.json}`; the task type is in the path, as in the official data (verl-agent logs success per type by
-substring of the game path). Writing is deterministic and idempotent (a file whose content hash is unchanged is
-not rewritten; writes are atomic).
+substring of the game path). Writing is deterministic and idempotent (a file whose content hash is unchanged
+is not rewritten; writes are atomic).
 
-Use: `python environments/alfworld_games.py --split train --num-games 12 --size small` prints the game paths; the
-trainer calls `generate(...)` through `envs.load_tasks(AlfworldConfig(source="generated"), split)`.
+Use: `python environments/alfworld_games.py --split train --num-games 12 --size small` prints the game paths;
+the trainer calls `generate(...)` through `envs.load_tasks(AlfworldConfig(source="generated"), split)`.
 
 Deviations from the official data set (numbered):
-1. Rooms are drawn from our own type lists and one canContain table, not from THOR scenes; every receptacle has
-   its own location (official scenes sometimes put two receptacles at one location).
+1. Rooms are drawn from our own type lists and one canContain table, not from THOR scenes; every receptacle
+   has its own location (official scenes sometimes put two receptacles at one location).
 2. Task types cycle with the game index (game i has type TASK_TYPES[i % 6]), so any split of >= 6 games holds
    all six types; the official data is imbalanced.
 3. Solvability is by construction (the target objects, the appliance and a receptacle of the parent type are
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
               "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
 SPLITS = ("train", "eval")
-DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser(os.environ.get("SMRC_CACHE", "~/.cache/smrc")), "alfworld_gen")
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser(os.environ.get("SMRC_CACHE", "~/.cache/smrc")),
+                                 "alfworld_gen")
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ BATH = {"Candle", "Cloth", "DishSponge", "HandTowel", "SoapBar", "SoapBottle", "
 
 # receptacle type -> object types it can contain (one table shared by all rooms)
 CAN_CONTAIN = {
-    "CounterTop": FOOD | DISH | UTENSIL | CONDIMENT | BATH | {"WineBottle", "CellPhone", "CreditCard", "KeyChain"},
+    "CounterTop": FOOD | DISH | UTENSIL | CONDIMENT | BATH | {"WineBottle", "CellPhone", "CreditCard",
+                                                              "KeyChain"},
     "DiningTable": FOOD | DISH | UTENSIL | CONDIMENT | DESK | {"WineBottle", "SoapBottle"},
     "Cabinet": DISH | CONDIMENT | BATH | {"WineBottle", "Book", "Vase", "Box"},
     "Drawer": UTENSIL | SMALL | BATH - {"SoapBottle"} | {"Book"},
@@ -72,7 +75,8 @@ CAN_CONTAIN = {
     "SinkBasin": FOOD | DISH | UTENSIL | {"DishSponge", "Cloth", "SoapBar", "HandTowel"},
     "StoveBurner": {"Pan", "Pot", "Kettle"},
     "CoffeeMachine": {"Mug", "Cup"},
-    "GarbageCan": FOOD | BATH - {"HandTowel"} | {"CD", "CreditCard", "Newspaper", "Pen", "Pencil", "WineBottle"},
+    "GarbageCan": FOOD | BATH - {"HandTowel"} | {"CD", "CreditCard", "Newspaper", "Pen", "Pencil",
+                                                 "WineBottle"},
     "Shelf": DISH - {"Pan", "Pot"} | CONDIMENT | DESK | BATH | {"DeskLamp", "WineBottle"},
     "Bed": {"Book", "CellPhone", "Laptop", "Pillow", "TeddyBear", "BaseballBat", "TennisRacket", "Cloth"},
     "Desk": DESK | {"Mug", "Bowl", "Cup", "DeskLamp", "BaseballBat", "TennisRacket"},
@@ -80,9 +84,10 @@ CAN_CONTAIN = {
     "SideTable": DESK | {"Mug", "Cup", "Bowl", "Plate", "DeskLamp", "Apple", "Bread"},
     "Safe": SMALL | {"Book"},
     "LaundryHamper": {"Cloth", "HandTowel"},
-    "ArmChair": {"Book", "CellPhone", "Laptop", "Pillow", "RemoteControl", "Newspaper", "CreditCard", "KeyChain",
-                 "Box", "Watch"},
-    "Sofa": {"Book", "CellPhone", "Laptop", "Pillow", "RemoteControl", "Newspaper", "CreditCard", "KeyChain", "Box"},
+    "ArmChair": {"Book", "CellPhone", "Laptop", "Pillow", "RemoteControl", "Newspaper", "CreditCard",
+                 "KeyChain", "Box", "Watch"},
+    "Sofa": {"Book", "CellPhone", "Laptop", "Pillow", "RemoteControl", "Newspaper", "CreditCard", "KeyChain",
+             "Box"},
     "CoffeeTable": DESK | {"Mug", "Bowl", "Plate", "Cup", "WateringCan", "DeskLamp"},
     "TVStand": DESK | {"WateringCan"},
     "Toilet": BATH - {"HandTowel"},
@@ -114,16 +119,17 @@ class Room:
 ROOMS = {
     "kitchen": Room({"Cabinet": 8, "CounterTop": 3, "Drawer": 6, "Fridge": 1, "Microwave": 1, "SinkBasin": 1,
                      "StoveBurner": 4, "CoffeeMachine": 1, "GarbageCan": 1, "Shelf": 3, "DiningTable": 1},
-                    tuple(sorted(FOOD | DISH | UTENSIL | CONDIMENT | {"DishSponge", "SoapBottle", "WineBottle",
-                                                                      "CellPhone", "CreditCard"})),
+                    tuple(sorted(FOOD | DISH | UTENSIL | CONDIMENT
+                                 | {"DishSponge", "SoapBottle", "WineBottle", "CellPhone", "CreditCard"})),
                     (TASK_TYPES[0], TASK_TYPES[2], TASK_TYPES[3], TASK_TYPES[4], TASK_TYPES[5])),
-    "bedroom": Room({"Bed": 1, "Desk": 1, "Drawer": 6, "Dresser": 1, "SideTable": 2, "Shelf": 6, "GarbageCan": 1,
-                     "LaundryHamper": 1, "Safe": 1, "ArmChair": 1},
+    "bedroom": Room({"Bed": 1, "Desk": 1, "Drawer": 6, "Dresser": 1, "SideTable": 2, "Shelf": 6,
+                     "GarbageCan": 1, "LaundryHamper": 1, "Safe": 1, "ArmChair": 1},
                     tuple(sorted(DESK | {"BaseballBat", "TennisRacket", "Pillow", "TeddyBear", "Mug", "Cloth",
                                          "DeskLamp"})),
                     (TASK_TYPES[0], TASK_TYPES[1], TASK_TYPES[5])),
-    "bathroom": Room({"Cabinet": 4, "CounterTop": 1, "Drawer": 4, "SinkBasin": 2, "Toilet": 1, "TowelHolder": 1,
-                      "HandTowelHolder": 2, "ToiletPaperHanger": 1, "GarbageCan": 1, "BathtubBasin": 1, "Shelf": 3},
+    "bathroom": Room({"Cabinet": 4, "CounterTop": 1, "Drawer": 4, "SinkBasin": 2, "Toilet": 1,
+                      "TowelHolder": 1, "HandTowelHolder": 2, "ToiletPaperHanger": 1, "GarbageCan": 1,
+                      "BathtubBasin": 1, "Shelf": 3},
                      tuple(sorted(BATH | {"Towel", "ScrubBrush", "Plunger"})),
                      (TASK_TYPES[0], TASK_TYPES[2], TASK_TYPES[5])),
     "livingroom": Room({"Sofa": 1, "ArmChair": 2, "CoffeeTable": 1, "SideTable": 3, "TVStand": 1, "Shelf": 6,
@@ -173,7 +179,8 @@ def _pick_spec(rng: random.Random, task_type: str) -> GameSpec:
     room_name = rng.choice(sorted(r for r, room in ROOMS.items() if task_type in room.task_types))
     room = ROOMS[room_name]
     if task_type == "look_at_obj_in_light":
-        objs = sorted(o for o in room.objects if o in DESK and any(o in CAN_CONTAIN[r] for r in room.receptacles))
+        objs = sorted(o for o in room.objects if o in DESK
+                      and any(o in CAN_CONTAIN[r] for r in room.receptacles))
         return GameSpec(task_type, room_name, rng.choice(objs), "", "DeskLamp")
     appliance = APPLIANCE.get(task_type, "")
     objs = [o for o in room.objects if o in PROPERTY.get(task_type, room.objects) and o not in TOGGLEABLE]
@@ -186,10 +193,12 @@ def _pick_spec(rng: random.Random, task_type: str) -> GameSpec:
 
 
 def _choose_receptacle_types(rng: random.Random, spec: GameSpec, n: int) -> list[str]:
-    """Mandatory types first (parent, appliance, a source for the target, a holder for the lamp), then fill."""
+    """Mandatory types first (parent, appliance, a source for the target, a holder for the lamp),
+    then fill."""
     room = ROOMS[spec.room]
     mandatory = [spec.parent, APPLIANCE.get(spec.task_type, "")]
-    mandatory.append(rng.choice(sorted(r for r in room.receptacles if spec.obj in CAN_CONTAIN[r] and r != spec.parent)))
+    mandatory.append(rng.choice(sorted(r for r in room.receptacles if spec.obj in CAN_CONTAIN[r]
+                                       and r != spec.parent)))
     if spec.toggle:
         mandatory.append(rng.choice(sorted(r for r in room.receptacles if spec.toggle in CAN_CONTAIN[r])))
     types = sorted(set(t for t in mandatory if t))
@@ -200,7 +209,8 @@ def _choose_receptacle_types(rng: random.Random, spec: GameSpec, n: int) -> list
 
 def _place(rng: random.Random, otype: str, receps: list[tuple[str, str]], spec: GameSpec) -> str | None:
     """A receptacle id that can hold otype; target-type objects never start in a parent-type receptacle."""
-    ok = [rid for rid, rtype in receps if otype in CAN_CONTAIN[rtype] and not (otype == spec.obj and rtype == spec.parent)]
+    ok = [rid for rid, rtype in receps if otype in CAN_CONTAIN[rtype]
+          and not (otype == spec.obj and rtype == spec.parent)]
     return rng.choice(ok) if ok else None
 
 
@@ -212,13 +222,14 @@ def make_problem(seed: int, task_type: str, size: str) -> tuple[str, GameSpec]:
     used_ids, used_locs = set(), set()
     receps = []  # (id, type)
     for rtype in _choose_receptacle_types(rng, spec, rng.randint(*size_.receptacles)):
-        kind, suffix = {"SinkBasin": ("Sink", "_bar_SinkBasin"), "BathtubBasin": ("Bathtub", "_bar_BathtubBasin")}.get(
-            rtype, (rtype, ""))
+        kind, suffix = {"SinkBasin": ("Sink", "_bar_SinkBasin"),
+                        "BathtubBasin": ("Bathtub", "_bar_BathtubBasin")}.get(rtype, (rtype, ""))
         receps.append((_new_id(rng, kind, used_ids, suffix), rtype))
     loc = {rid: _new_loc(rng, used_locs) for rid, _ in receps}
     start = _new_loc(rng, used_locs)  # the agent starts at a location that holds no receptacle
     # target object(s) first, then the lamp, then distractors of any type of this room
-    wanted = [spec.obj] * (2 if task_type == "pick_two_obj_and_place" else 1) + ([spec.toggle] if spec.toggle else [])
+    wanted = ([spec.obj] * (2 if task_type == "pick_two_obj_and_place" else 1)
+              + ([spec.toggle] if spec.toggle else []))
     n_obj = max(rng.randint(*size_.objects), len(wanted))
     room_objs = [o for o in ROOMS[spec.room].objects if o not in TOGGLEABLE]
     objects = []  # (id, type, receptacle id)
@@ -242,7 +253,8 @@ def make_problem(seed: int, task_type: str, size: str) -> tuple[str, GameSpec]:
     for rtype in sorted({t for _, t in receps}):
         init += [f"(canContain {rtype}Type {o}Type)" for o in otypes if o in CAN_CONTAIN[rtype]]
     for oid, otype, rid in objects:
-        init += [f"(objectType {oid} {otype}Type)", f"(inReceptacle {oid} {rid})", f"(objectAtLocation {oid} {loc[rid]})"]
+        init += [f"(objectType {oid} {otype}Type)", f"(inReceptacle {oid} {rid})",
+                 f"(objectAtLocation {oid} {loc[rid]})"]
         for pred, members in (("cleanable", CLEANABLE), ("heatable", HEATABLE), ("coolable", COOLABLE),
                               ("sliceable", SLICEABLE), ("isReceptacleObject", RECEPTACLE_OBJECTS),
                               ("toggleable", TOGGLEABLE)):
@@ -277,12 +289,14 @@ def make_game(seed: int, task_type: str, size: str) -> tuple[dict, dict]:
     random.setstate(state)
     goal = grammar.split("Your task is to: ", 1)[1].split('"', 1)[0].rstrip(".")
     traj["turk_annotations"] = {"anns": [{"task_desc": goal}]}
-    game = {"pddl_domain": domain, "grammar": grammar, "pddl_problem": problem, "solvable": True, "walkthrough": None}
+    game = {"pddl_domain": domain, "grammar": grammar, "pddl_problem": problem, "solvable": True,
+            "walkthrough": None}
     return game, traj
 
 
 def _write_if_changed(path: str, text: str) -> bool:
-    """Atomic write; skipped when the file already holds exactly this content (same sha1). Returns True if written."""
+    """Atomic write; skipped when the file already holds exactly this content (same sha1).
+    Returns True if written."""
     digest = hashlib.sha1(text.encode()).hexdigest()
     if os.path.exists(path):
         with open(path, "rb") as f:
@@ -311,8 +325,8 @@ def generate(split: str, num_games: int, size: str = "small", seed: int = 0,
         task_type = TASK_TYPES[i % len(TASK_TYPES)]
         game, traj = make_game(game_seed(seed, split, i), task_type, size)
         p = traj["pddl_params"]
-        folder = os.path.join(root, f"{task_type}-{p['object_target']}-None-{p['parent_target'] or p['toggle_target']}"
-                                    f"-gen{i:05d}")
+        folder = os.path.join(root, f"{task_type}-{p['object_target']}-None-"
+                                    f"{p['parent_target'] or p['toggle_target']}-gen{i:05d}")
         os.makedirs(folder, exist_ok=True)
         _write_if_changed(os.path.join(folder, "traj_data.json"), json.dumps(traj, indent=1, sort_keys=True))
         _write_if_changed(os.path.join(folder, "game.tw-pddl"), json.dumps(game))

@@ -1,19 +1,19 @@
 """The expert planner in its own process, so a slow plan is a reported timeout, never a hang.
 
-`Planner(cfg).plan(task, actions, timeout_s)` restores the state reached by replaying `actions` from reset in an env
-built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env.expert_plan()`: for ALFWorld the
-engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the time limit
-passes (time the trainer ran, `pool.poll_running`: a suspended job's pause does not count; a planner
-call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes) and
-restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are cached with
-their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request for a background
-thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same request returns the
-cached result, or waits only for the plan in flight (one request at a time goes to the process). The process dies
-with its parent, whatever kills it (SIGKILL included), also during its start-up: it is a fresh interpreter
-(`_BOOT`) that asks for the Linux parent-death signal before it imports anything (then `die_with_parent`
-checks the parent is still there), and it holds no copy of the parent's pipe end or other files (only its own
-end is passed), so the parent's death is also an EOF. Its start-up imports only the env, never the training
-script.
+`Planner(cfg).plan(task, actions, timeout_s)` restores the state reached by replaying `actions` from reset in
+an env built from `cfg` (`envs.make_env`), then asks that env for its expert plan (`env.expert_plan()`: for
+ALFWorld the engine's Fast Downward planner, what `policy_commands` returns). The process is killed when the
+time limit passes (time the trainer ran, `pool.poll_running`: a suspended job's pause does not count; a
+planner call on official ALFWorld games can run for minutes, and one in-process call has hung for 10+ minutes)
+and restarted on the next call. Results are cached in-process per (task_id, tuple(actions)); timeouts are
+cached with their limit, so only a longer limit retries. `prefetch(task, actions, timeout_s)` queues a request
+for a background thread, so the trainer can plan the next tasks while it generates: a later `plan` of the same
+request returns the cached result, or waits only for the plan in flight (one request at a time goes to the
+process). The process dies with its parent, whatever kills it (SIGKILL included), also during its start-up: it
+is a fresh interpreter (`_BOOT`) that asks for the Linux parent-death signal before it imports anything (then
+`die_with_parent` checks the parent is still there), and it holds no copy of the parent's pipe end or other
+files (only its own end is passed), so the parent's death is also an EOF. Its start-up imports only the env,
+never the training script.
 """
 import os
 import queue
@@ -58,7 +58,8 @@ def _planner_worker(conn, cfg, parent_pid: int) -> None:
         try:
             results = envs.replay(env, task, actions)
             if len(results) <= len(actions):
-                raise EnvError(f"the episode ended (won) after {len(results) - 1} of {len(actions)} replayed actions")
+                raise EnvError(f"the episode ended (won) after {len(results) - 1} of {len(actions)} "
+                               "replayed actions")
             if results[-1].won:
                 conn.send(("ok", [], "already won"))
                 continue
@@ -72,12 +73,12 @@ class Planner:
     """One planner process, started on first use and restarted after a timeout (it is killed then)."""
 
     def __init__(self, cfg):
-        self.cfg = cfg                              # the env config the planner process builds its env from
+        self.cfg = cfg                             # the env config the planner process builds its env from
         self._proc, self._conn = None, None
-        self.cache: dict[tuple, PlanResult] = {}   # (task_id, actions) -> ok / unsolvable / timeout result
-        self._limit: dict[tuple, float] = {}       # (task_id, actions) -> the limit a cached timeout ran under
-        self._lock = threading.Lock()              # one request at a time on the planner process
-        self._queue: queue.Queue = queue.Queue()   # prefetched requests for the background thread
+        self.cache: dict[tuple, PlanResult] = {}  # (task_id, actions) -> ok / unsolvable / timeout result
+        self._limit: dict[tuple, float] = {}      # (task_id, actions) -> the limit a cached timeout ran under
+        self._lock = threading.Lock()             # one request at a time on the planner process
+        self._queue: queue.Queue = queue.Queue()  # prefetched requests for the background thread
         self._thread: threading.Thread | None = None
 
     def _start(self) -> None:
@@ -125,7 +126,8 @@ class Planner:
         self._conn.send((task, list(actions)))
         try:
             ready, _ = poll_running(self._conn, timeout_s)  # a suspended job's pause is not planner time
-            status, plan, message = self._conn.recv() if ready else ("timeout", None, f"no plan within {timeout_s} s")
+            status, plan, message = (self._conn.recv() if ready
+                                     else ("timeout", None, f"no plan within {timeout_s} s"))
         except (EOFError, OSError) as e:
             died = f"planner process died ({e!r}, exit code {self._proc.poll()})"
             status, plan, message = "error", None, died
@@ -137,7 +139,8 @@ class Planner:
         return result
 
     def close(self) -> None:
-        """Drop the prefetched requests not started yet and end the process (the next `plan` starts a new one)."""
+        """Drop the prefetched requests not started yet and end the process
+        (the next `plan` starts a new one)."""
         while not self._queue.empty():
             self._queue.get_nowait()
         self._kill()

@@ -1,22 +1,22 @@
 """Env worker processes (EnvPool), so env time overlaps generation and never hangs.
 
-- `EnvPool(cfg, num_workers, episodes)`: envs built from the environment config `cfg` (`envs.make_env(cfg)`, so the pool
-  knows no implementation), in worker processes ('fork' where the OS has it, else 'spawn'; the trainer
-  creates the pool before it loads a model or starts an engine, so no CUDA context or compute threads exist yet to be
-  copied, as with PyTorch's forked DataLoader workers; 'spawn' would re-import the training script, torch included,
-  in every worker), each holding env instances keyed by
-  slot (slot s lives on worker s % num_workers, so a slot keeps its loaded games). `reset(slots, tasks)` blocks;
-  `step_async(slots, actions)` sends and returns at once, `step_wait()` collects, so the trainer can generate for
-  other rows meanwhile. An env exception is re-raised as `envs.EnvError` naming the task and the action (the
-  worker survives); a dead or silent worker (past cfg.step_timeout_s of the trainer's running time: a job
-  suspended and continued goes on) is an `EnvError` too, and the pool is then closed. num_workers=0 runs the
-  envs in-process (same results, no overlap); -1 (the default) sizes the pool from the cores and the episodes
-  stepped at a time (`auto_workers`).
+- `EnvPool(cfg, num_workers, episodes)`: envs built from the environment config `cfg` (`envs.make_env(cfg)`,
+  so the pool knows no implementation), in worker processes ('fork' where the OS has it, else 'spawn'; the
+  trainer creates the pool before it loads a model or starts an engine, so no CUDA context or compute threads
+  exist yet to be copied, as with PyTorch's forked DataLoader workers; 'spawn' would re-import the training
+  script, torch included, in every worker), each holding env instances keyed by
+  slot (slot s lives on worker s % num_workers, so a slot keeps its loaded games). `reset(slots, tasks)`
+  blocks; `step_async(slots, actions)` sends and returns at once, `step_wait()` collects, so the trainer can
+  generate for other rows meanwhile. An env exception is re-raised as `envs.EnvError` naming the task and the
+  action (the worker survives); a dead or silent worker (past cfg.step_timeout_s of the trainer's running
+  time: a job suspended and continued goes on) is an `EnvError` too, and the pool is then closed.
+  num_workers=0 runs the envs in-process (same results, no overlap); -1 (the default) sizes the pool from the
+  cores and the episodes stepped at a time (`auto_workers`).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
   workers spent computing (`worker_s`), so the trainer can report the env share of step time.
-- Workers never outlive the trainer, whatever kills it (SIGKILL included): a forked worker closes its copies of the
-  trainer's pipe ends, so the trainer's death is an EOF on its pipe, and on Linux it also asks the kernel for SIGKILL
-  when its parent dies (`die_with_parent`, for a worker busy inside an env call).
+- Workers never outlive the trainer, whatever kills it (SIGKILL included): a forked worker closes its copies
+  of the trainer's pipe ends, so the trainer's death is an EOF on its pipe, and on Linux it also asks the
+  kernel for SIGKILL when its parent dies (`die_with_parent`, for a worker busy inside an env call).
 """
 import ctypes
 import multiprocessing as mp
@@ -31,8 +31,8 @@ from envs import EnvError, StepResult, Task
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere a no-op.
-    A parent that died before the request is caught by the pid check."""
+    """Linux: the kernel sends this process SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere a
+    no-op. A parent that died before the request is caught by the pid check."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
@@ -43,7 +43,8 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
-    for c in inherited:  # this fork's copies of the trainer's pipe ends: without them, the trainer's death is an EOF
+    # this fork's copies of the trainer's pipe ends: without them, the trainer's death is an EOF
+    for c in inherited:
         c.close()
     die_with_parent(parent_pid)
     slots = {}
@@ -69,9 +70,9 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
 
 
 def auto_workers(episodes: int | None = None) -> int:
-    """Env workers for `num_workers = -1`: the cores this process may use (divided among the torchrun ranks of the
-    node) less one for the trainer, at least 2, at most 32 (so 16 cores and 128 episodes give 15 workers, not 2), and
-    no more than the episodes stepped at a time."""
+    """Env workers for `num_workers = -1`: the cores this process may use (divided among the torchrun ranks of
+    the node) less one for the trainer, at least 2, at most 32 (so 16 cores and 128 episodes give 15 workers,
+    not 2), and no more than the episodes stepped at a time."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     n = min(max(2, cores - 1), 32)
@@ -109,7 +110,8 @@ class EnvPool:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         for _ in range(self.num_workers):
             parent, child = ctx.Pipe()
-            inherited = [*self._conns, parent] if ctx.get_start_method() == "fork" else []  # spawn inherits none
+            # spawn inherits none
+            inherited = [*self._conns, parent] if ctx.get_start_method() == "fork" else []
             proc = ctx.Process(target=_worker, args=(child, cfg, os.getpid(), inherited), daemon=True)
             proc.start()
             child.close()
@@ -119,7 +121,8 @@ class EnvPool:
     def _describe(self, slot: int, cmd: str, arg) -> str:
         task = self._tasks.get(slot)
         what = f"reset to task {arg.task_id}" if cmd == "reset" else f"step, action {arg!r}"
-        return f"slot {slot} ({what}; task {task.task_id if task else '?'}, game {task.source if task else '?'})"
+        return (f"slot {slot} ({what}; task {task.task_id if task else '?'}, "
+                f"game {task.source if task else '?'})")
 
     def _send(self, cmd: str, slots: list[int], args: list) -> None:
         if self.num_workers and not self._conns:
@@ -156,8 +159,8 @@ class EnvPool:
             except (EOFError, OSError, TimeoutError) as e:
                 stuck = "; ".join(self._describe(s, cmd, a) for s, a in items)
                 self.close(force=True)
-                raise EnvError(f"env worker {w} (pid {proc.pid}, exit code {proc.exitcode}) failed during {cmd}: "
-                               f"{e!r}. It was running: {stuck}") from None
+                raise EnvError(f"env worker {w} (pid {proc.pid}, exit code {proc.exitcode}) failed during "
+                               f"{cmd}: {e!r}. It was running: {stuck}") from None
             self.stats["worker_s"] += seconds
             if status == "err":
                 slot, tb = payload

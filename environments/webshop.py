@@ -1,31 +1,34 @@
 """WebShop behind the shared env API: the config, the adapter over either shop backend, the tasks, the expert.
 
 Two backends, one adapter. `WebShopEnv` drives any object with the surface of WebShop's
-`web_agent_site.envs.web_agent_text_env.WebAgentTextEnv` (text mode, princeton-nlp/WebShop): `reset(session=idx) ->
-(obs, None)`, `step(action) -> (obs, reward, done, None)`, `get_available_actions()`, `state['url']`, `session`,
-`server.user_sessions[session]` and `server.goals`. It reads the page type from the URL and the keywords, results
-page, item and selected options from the session, exactly as one would with the official env.
+`web_agent_site.envs.web_agent_text_env.WebAgentTextEnv` (text mode, princeton-nlp/WebShop):
+`reset(session=idx) -> (obs, None)`, `step(action) -> (obs, reward, done, None)`, `get_available_actions()`,
+`state['url']`, `session`, `server.user_sessions[session]` and `server.goals`. It reads the page type from the
+URL and the keywords, results page, item and selected options from the session, exactly as one would with the
+official env.
 - backend "embedded": `webshop_engine.EmbeddedTextEnv`, a pure-Python reimplementation of WebAgentTextEnv +
   SimServer (text mode) over the seeded catalogue of webshop_catalog.py, with the reward of webshop_reward.py.
-- backend "official": the real WebAgentTextEnv imported from $WEBSHOP_ROOT (a princeton-nlp/WebShop checkout with
-  its data, search index and spaCy model).
+- backend "official": the real WebAgentTextEnv imported from $WEBSHOP_ROOT (a princeton-nlp/WebShop checkout
+  with its data, search index and spaCy model).
 
-verl-agent conventions (agent_system/environments/env_package/webshop and env_manager.py in langfengQ/verl-agent):
-the agent sees the page text after the instruction, each part quoted, joined by ' [SEP] ' (the raw text is in
-info['raw_observation']); admissible = ['search[<your query>]' if there is a search bar] + ['click[x]' for each
-clickable]; reward 10.0 iff done and the raw reward == 1.0; score = raw reward; won = raw reward == 1.0; 15 steps;
-goals 0..499 are "eval", 500.. "train". The prompt is `envs.build_prompt("webshop", ...)`.
+verl-agent conventions (agent_system/environments/env_package/webshop and env_manager.py in
+langfengQ/verl-agent): the agent sees the page text after the instruction, each part quoted, joined by
+' [SEP] ' (the raw text is in info['raw_observation']); admissible = ['search[<your query>]' if there is a
+search bar] + ['click[x]' for each clickable]; reward 10.0 iff done and the raw reward == 1.0; score = raw
+reward; won = raw reward == 1.0; 15 steps; goals 0..499 are "eval", 500.. "train". The prompt is
+`envs.build_prompt("webshop", ...)`.
 
 Signature fields (a state is "the same" for routing iff equal): task, page ("search" | "results" | "item" |
-"sub:description" | "sub:features" | "sub:reviews" | "sub:attributes" | "done"), keywords (tuple), results_page
-(int | None), item (ASIN | None), options (sorted (name, value) pairs). The text alone is not enough: the item page
-text does not change when options are clicked, but the reward does.
+"sub:description" | "sub:features" | "sub:reviews" | "sub:attributes" | "done"), keywords (tuple),
+results_page (int | None), item (ASIN | None), options (sorted (name, value) pairs). The text alone is not
+enough: the item page text does not change when options are clicked, but the reward does.
 
-Deviations (numbered; reward deviations are listed in webshop_reward.py, catalogue ones in webshop_catalog.py):
+Deviations (numbered; reward deviations are listed in webshop_reward.py, catalogue ones in
+webshop_catalog.py):
 1. The done page's hidden block is reconstructed (webshop_engine.py).
 2. After done, further steps are no-ops that return the final page (verl-agent's env would auto-reset).
-3. The expert (`oracle_actions(task, cfg)`, `WebShopConfig.plan`) needs the embedded catalogue of the run's config;
-   it runs in-process, not in a planner subprocess.
+3. The expert (`oracle_actions(task, cfg)`, `WebShopConfig.plan`) needs the embedded catalogue of the run's
+   config; it runs in-process, not in a planner subprocess.
 """
 import dataclasses
 import os
@@ -45,7 +48,8 @@ class WebShopConfig(EpisodeConfig):
     """WebShop environment (embedded shop or the official checkout)."""
     # Shop
     backend: Literal["embedded", "official"] = "embedded"
-    """'embedded': the built-in seeded shop (pure Python); 'official': WebAgentTextEnv from --webshop.webshop-root"""
+    """'embedded': the built-in seeded shop (pure Python); 'official': WebAgentTextEnv from
+    --webshop.webshop-root"""
     num_products: int = 1000
     """products in the embedded catalogue (WebShop's small set has 1,000)"""
     catalog_seed: int = 0
@@ -62,7 +66,8 @@ class WebShopConfig(EpisodeConfig):
     """steps per episode (verl-agent: 15); the episode ends, unbought, with info['truncated'] when reached"""
 
     def load_tasks(self, split: str) -> list[Task]:
-        """'eval' = goals 0..num_eval_goals-1, 'train' = the rest (verl-agent's split), in goal-index order."""
+        """'eval' = goals 0..num_eval_goals-1, 'train' = the rest (verl-agent's split),
+        in goal-index order."""
         assert split in ('train', 'eval'), f"WebShop splits are 'train' and 'eval', not {split!r}"
         n = num_goals(self)
         idx = range(min(self.num_eval_goals, n)) if split == 'eval' else range(self.num_eval_goals, n)
@@ -72,17 +77,19 @@ class WebShopConfig(EpisodeConfig):
         return WebShopEnv(self)
 
     def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
-        """The oracle's actions from the state after replaying `actions`, in this config's shop (deviation 3)."""
+        """The oracle's actions from the state after replaying `actions`, in this config's shop
+        (deviation 3)."""
         return plan(task, actions, timeout_s, self)
 
 
-# ---------------------------------------------------------------------------------------------- official backend
+# ------------------------------------------------------------------------------------------- official backend
 
 def official_text_env(cfg: WebShopConfig):
     """The real WebAgentTextEnv from cfg.webshop_root, text mode, synthetic goals unless cfg.human_goals."""
     root = cfg.webshop_root
-    hint = ("point WEBSHOP_ROOT (or --webshop.webshop-root) at a princeton-nlp/WebShop checkout with its data/, "
-            "search_engine/indexes and spaCy model, or use the built-in shop with --webshop.backend embedded")
+    hint = ("point WEBSHOP_ROOT (or --webshop.webshop-root) at a princeton-nlp/WebShop checkout with its "
+            "data/, search_engine/indexes and spaCy model, or use the built-in shop with "
+            "--webshop.backend embedded")
     if not root:
         raise RuntimeError(f"--webshop.backend official needs a WebShop checkout: {hint}")
     if not os.path.isdir(os.path.join(root, 'web_agent_site')):
@@ -92,7 +99,8 @@ def official_text_env(cfg: WebShopConfig):
     try:
         from web_agent_site.envs.web_agent_text_env import WebAgentTextEnv
     except ImportError as e:
-        raise RuntimeError(f"importing WebAgentTextEnv from WEBSHOP_ROOT={root!r} failed ({e}): {hint}") from e
+        raise RuntimeError(f"importing WebAgentTextEnv from WEBSHOP_ROOT={root!r} "
+                           f"failed ({e}): {hint}") from e
     env = WebAgentTextEnv(observation_mode='text', num_products=None, human_goals=cfg.human_goals)
     if not hasattr(env, 'server') and hasattr(env, 'initialize'):  # verl-agent's vendored copy builds lazily
         env.initialize()
@@ -142,7 +150,8 @@ def admissible_actions(available: dict) -> list[str]:
 
 
 class WebShopEnv:
-    """The shared env API over either backend: reset(task) -> StepResult, step(action) -> StepResult, close()."""
+    """The shared env API over either backend: reset(task) -> StepResult, step(action) -> StepResult,
+    close()."""
 
     def __init__(self, cfg: WebShopConfig, text_env=None):
         self.cfg = cfg
@@ -168,7 +177,8 @@ class WebShopEnv:
         self.steps += 1
         extra = {}
         if bought:
-            extra['verbose_info'] = dict(self.text_env.server.user_sessions[self.text_env.session]['verbose_info'])
+            extra['verbose_info'] = dict(
+                self.text_env.server.user_sessions[self.text_env.session]['verbose_info'])
         elif self.steps >= self.cfg.max_steps:
             extra['truncated'] = True
         return self._result(raw, float(raw_reward) if bought else 0.0, bought, extra)
@@ -180,8 +190,9 @@ class WebShopEnv:
         state = read_state(self.text_env)
         info = {'raw_observation': raw, 'available_actions': available, 'url': self.text_env.state['url'],
                 'step': self.steps, 'task_score': score, 'won': won, **extra}
-        self.last = StepResult(observation=format_observation(raw, self.goal), admissible=admissible_actions(available),
-                               reward=10.0 if won else 0.0, done=done, won=won, score=score, goal=self.goal,
+        self.last = StepResult(observation=format_observation(raw, self.goal),
+                               admissible=admissible_actions(available), reward=10.0 if won else 0.0,
+                               done=done, won=won, score=score, goal=self.goal,
                                signature=signature(self.task.task_id, state), info=info)
         return self.last
 
@@ -195,7 +206,8 @@ _OFFICIAL_GOAL_COUNTS: dict[tuple[str, bool], int] = {}
 
 
 def num_goals(cfg: WebShopConfig) -> int:
-    if cfg.backend == 'official':  # building the official env loads the whole catalogue: count once per process
+    # building the official env loads the whole catalogue: count once per process
+    if cfg.backend == 'official':
         key = (cfg.webshop_root, cfg.human_goals)
         if key not in _OFFICIAL_GOAL_COUNTS:
             _OFFICIAL_GOAL_COUNTS[key] = len(official_text_env(cfg).server.goals)
@@ -212,16 +224,18 @@ def _shop(cfg: WebShopConfig) -> Shop:
 
 
 def purchase_path(shop: Shop, goal: dict) -> list[str]:
-    """Search with the goal's words (then its product's query, then its title) until the target is in the top 50,
-    page to it, open it, click the goal's options, buy."""
+    """Search with the goal's words (then its product's query, then its title) until the target is in the
+    top 50, page to it, open it, click the goal's options, buy."""
     product = shop.by_asin[goal['asin']]
     for query in (goal['instruction_text'], product['instruction_text'], product['query'], product['Title']):
         keywords = query.lower().split(' ')
         hits = [p['asin'] for p in shop.search(keywords)]
         if goal['asin'] in hits:
             pos = hits.index(goal['asin'])
-            options = [f"click[{goal['goal_options'][n]}]" for n in product['options'] if n in goal['goal_options']]
-            return ([f'search[{query.lower()}]'] + ['click[next >]'] * (pos // 10) + [f"click[{goal['asin'].lower()}]"]
+            options = [f"click[{goal['goal_options'][n]}]" for n in product['options']
+                       if n in goal['goal_options']]
+            return ([f'search[{query.lower()}]'] + ['click[next >]'] * (pos // 10)
+                    + [f"click[{goal['asin'].lower()}]"]
                     + options + ['click[buy now]'])
     raise RuntimeError(f"target {goal['asin']} not found by any oracle query")
 
@@ -240,7 +254,8 @@ def plan(task: Task, actions: list[str], timeout_s: float, cfg: WebShopConfig) -
         env = WebShopEnv(cfg)
         res = envs.replay(env, task, actions)[-1]
         if res.done:  # as the ALFWorld planner: nothing left to do after a win, nothing possible after a loss
-            status, rest, message = ('ok', [], 'already won') if res.won else ('unsolvable', None, 'the episode ended')
+            status, rest, message = (('ok', [], 'already won') if res.won
+                                     else ('unsolvable', None, 'the episode ended'))
             return PlanResult(rest, status, time.perf_counter() - t0, message)
         goal = shop.goals[int(task.source)]
         state = read_state(env.text_env)
@@ -249,7 +264,8 @@ def plan(task: Task, actions: list[str], timeout_s: float, cfg: WebShopConfig) -
             order = list(shop.by_asin[goal['asin']]['options'])
             rest = (['click[< prev]'] if state['page'] != 'item' else []) + \
                 [f"click[{goal['goal_options'][n]}]" for n in order
-                 if n in goal['goal_options'] and chosen.get(n) != goal['goal_options'][n]] + ['click[buy now]']
+                 if n in goal['goal_options'] and chosen.get(n) != goal['goal_options'][n]] + \
+                ['click[buy now]']
         else:
             rest = purchase_path(shop, goal)
     except Exception as e:  # a plan failure must not take the trainer down; report it

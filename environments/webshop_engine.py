@@ -1,16 +1,17 @@
 """The embedded WebShop engine: WebShop's `WebAgentTextEnv` (text mode) + `SimServer` in pure Python.
 
 `EmbeddedTextEnv` has the surface of `web_agent_site.envs.web_agent_text_env.WebAgentTextEnv` in the
-princeton-nlp/WebShop repository (`reset(session=idx)`, `step(action)`, `get_available_actions()`, `state['url']`,
-`session`, `server.user_sessions`, `server.goals`) over the seeded catalogue of webshop_catalog.py, with the reward of
-webshop_reward.py. Page strings, clickables, transitions and invalid-action behaviour follow the upstream templates
-and `SimServer.receive`: `search[...]` works from any page, option clicks change the session but not the text,
-`Next >` is always shown, click arguments are lowercased, anything else is a no-op with reward 0.
-tests/test_webshop_official.py runs the real WebAgentTextEnv (its templates and BeautifulSoup text conversion) over
-this catalogue and compares every page, clickable list, URL and reward with this engine.
+princeton-nlp/WebShop repository (`reset(session=idx)`, `step(action)`, `get_available_actions()`,
+`state['url']`, `session`, `server.user_sessions`, `server.goals`) over the seeded catalogue of
+webshop_catalog.py, with the reward of webshop_reward.py. Page strings, clickables, transitions and
+invalid-action behaviour follow the upstream templates and `SimServer.receive`: `search[...]` works from any
+page, option clicks change the session but not the text, `Next >` is always shown, click arguments are
+lowercased, anything else is a no-op with reward 0. tests/test_webshop_official.py runs the real
+WebAgentTextEnv (its templates and BeautifulSoup text conversion) over this catalogue and compares every page,
+clickable list, URL and reward with this engine.
 
-Deviation (numbered as in webshop.py): 1. The done page's hidden block is rendered from upstream's done_page.html
-with what `SimServer.done` passes (code, attributes, goal and reward details are None).
+Deviation (numbered as in webshop.py): 1. The done page's hidden block is rendered from upstream's
+done_page.html with what `SimServer.done` passes (code, attributes, goal and reward details are None).
 """
 import json
 import re
@@ -45,7 +46,8 @@ class _Server:
 
 
 class EmbeddedTextEnv:
-    """WebAgentTextEnv(observation_mode='text') + SimServer over the embedded shop; same surface, same strings."""
+    """WebAgentTextEnv(observation_mode='text') + SimServer over the embedded shop; same surface,
+    same strings."""
 
     def __init__(self, shop: Shop):
         self.server = _Server(shop)
@@ -138,8 +140,9 @@ class EmbeddedTextEnv:
         top = self.shop.search(keywords)
         products = top[(page - 1) * 10:page * 10]
         self.current_url = f"{BASE_URL}/search_results/{self.session}/{'+'.join(keywords)}/{page}"
-        self.texts = ['Instruction:', self._goal()['instruction_text'], 'Back to Search',
-                      f'Page {page} (Total results: {len(top)})'] + (['< Prev'] if page > 1 else []) + ['Next >']
+        self.texts = (['Instruction:', self._goal()['instruction_text'], 'Back to Search',
+                       f'Page {page} (Total results: {len(top)})']
+                      + (['< Prev'] if page > 1 else []) + ['Next >'])
         self.clickables = {'back to search': ('button', '')}
         if page > 1:
             self.clickables['< prev'] = ('button', '')
@@ -166,7 +169,8 @@ class EmbeddedTextEnv:
         self.clickables = {k: ('button', '') for k in ('back to search', '< prev', 'description', 'features',
                                                        'reviews', 'buy now')}
         for name, values in product['options'].items():
-            for v in values:  # radio inputs keyed by value: a value shared by two options goes to the last one
+            # radio inputs keyed by value: a value shared by two options goes to the last one
+            for v in values:
                 self.clickables[v] = ('option', name)
         self.has_search_bar = False
 
@@ -175,11 +179,12 @@ class EmbeddedTextEnv:
         sub = next(k for k in SUB_PAGES if k.lower() == arg)
         sess['actions'][sub] += 1
         product = self.shop.by_asin[sess['asin']]
-        self.current_url = (f"{BASE_URL}/item_sub_page/{self.session}/{sess['asin']}/{'+'.join(sess['keywords'])}/"
-                            f"{sess['page']}/{sub}/{sess['options']}")
+        self.current_url = (f"{BASE_URL}/item_sub_page/{self.session}/{sess['asin']}/"
+                            f"{'+'.join(sess['keywords'])}/{sess['page']}/{sub}/{sess['options']}")
         content = {'Description': [product['Description']], 'Features': list(product['BulletPoints']),
-                   'Reviews': [], 'Attributes': list(product['Attributes']) + [product['category'], product['query'],
-                                                                           product['product_category']]}[sub]
+                   'Reviews': [],
+                   'Attributes': list(product['Attributes']) + [product['category'], product['query'],
+                                                                product['product_category']]}[sub]
         self.texts = self._header() + content
         self.clickables = {'back to search': ('button', ''), '< prev': ('button', '')}
         self.has_search_bar = False
@@ -191,18 +196,21 @@ class EmbeddedTextEnv:
         reward, info = get_reward(product, sess['goal'], self.shop.prices[sess['asin']], sess['options'])
         sess.update({'verbose_info': info, 'done': True, 'reward': reward})
         self.current_url = f"{BASE_URL}/done/{self.session}/{sess['asin']}/{sess['options']}"
-        # deviation 1: done_page.html as SimServer.done renders it (goal / attrs / details not passed -> None / '')
-        self.texts = ['Thank you for shopping with us!', 'Your code:', 'None', '(Paste it in your MTurk interface.)',
-                      'Purchased', 'asin', sess['asin'], 'options', _tojson(sess['options']), 'attrs', 'None',
-                      'category', 'None', 'query', 'None', 'product category', 'None', 'Target', 'asin', 'options',
-                      'attrs', 'price upper', 'instuction text', 'category', 'product category', 'query', 'Goal',
-                      'None', 'Reward', 'Your score (min 0.0, max 1.0)', str(reward), 'Reward Details', 'None']
+        # deviation 1: done_page.html as SimServer.done renders it
+        # (goal / attrs / details not passed -> None / '')
+        self.texts = ['Thank you for shopping with us!', 'Your code:', 'None',
+                      '(Paste it in your MTurk interface.)', 'Purchased', 'asin', sess['asin'], 'options',
+                      _tojson(sess['options']), 'attrs', 'None', 'category', 'None', 'query', 'None',
+                      'product category', 'None', 'Target', 'asin', 'options', 'attrs', 'price upper',
+                      'instuction text', 'category', 'product category', 'query', 'Goal', 'None', 'Reward',
+                      'Your score (min 0.0, max 1.0)', str(reward), 'Reward Details', 'None']
         self.clickables = {}
         self.has_search_bar = False
         return reward, True
 
 
 def page_name(url: str | None) -> str:
-    """SimServer.get_page_name: the first of search_results, item_page, item_sub_page, done that occurs anywhere in the
-    URL (keywords included, as upstream), else '' (the search page)."""
-    return next((name for name in ('search_results', 'item_page', 'item_sub_page', 'done') if name in (url or '')), '')
+    """SimServer.get_page_name: the first of search_results, item_page, item_sub_page, done that occurs
+    anywhere in the URL (keywords included, as upstream), else '' (the search page)."""
+    return next((name for name in ('search_results', 'item_page', 'item_sub_page', 'done')
+                 if name in (url or '')), '')

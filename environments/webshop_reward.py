@@ -1,27 +1,29 @@
-"""WebShop's purchase reward (web_agent_site/engine/goal.py::get_reward), reimplemented without spaCy or thefuzz.
+"""WebShop's purchase reward (web_agent_site/engine/goal.py::get_reward), reimplemented without spaCy or
+thefuzz.
 
-    r = (n_attr_match + n_option_match + [price <= price_upper]) / (|goal attributes| + |goal options| + 1) * r_type
+    r = (n_attr_match + n_option_match + [price <= price_upper])
+        / (|goal attributes| + |goal options| + 1) * r_type
 
-Products and goals are plain dicts with WebShop's own keys (`Title`, `BulletPoints`, `Description`, `Attributes`,
-`query`, `product_category`, `name`; goals: `attributes`, `goal_options`, `price_upper`, `query`,
-`product_category`, `name`), so the formula below reads like the upstream one.
+Products and goals are plain dicts with WebShop's own keys (`Title`, `BulletPoints`, `Description`,
+`Attributes`, `query`, `product_category`, `name`; goals: `attributes`, `goal_options`, `price_upper`,
+`query`, `product_category`, `name`), so the formula below reads like the upstream one.
 
-Deviations from upstream (each is pinned by a test in tests/test_webshop.py; tests/test_webshop_official.py compares
-this module with the real goal.py and thefuzz when a WebShop checkout is available):
-1. title_score: upstream keeps the spaCy POS tags NOUN/PROPN of the goal and purchased product names. We have no spaCy
-   model offline, so a token counts as a "noun" when it is alphabetic, at least 2 letters, and not a function word
-   (`_FUNCTION_WORDS`). On Title-Cased product names spaCy tags most content words PROPN, so this is close; it is
-   still a heuristic (adjectives such as "lightweight" count as nouns here).
+Deviations from upstream (each is pinned by a test in tests/test_webshop.py; tests/test_webshop_official.py
+compares this module with the real goal.py and thefuzz when a WebShop checkout is available):
+1. title_score: upstream keeps the spaCy POS tags NOUN/PROPN of the goal and purchased product names. We have
+   no spaCy model offline, so a token counts as a "noun" when it is alphabetic, at least 2 letters, and not a
+   function word (`_FUNCTION_WORDS`). On Title-Cased product names spaCy tags most content words PROPN, so
+   this is close; it is still a heuristic (adjectives such as "lightweight" count as nouns here).
 2. token_set_ratio: a local port of thefuzz's token_set_ratio (thefuzz's default processing: drop characters
-   128-255, non-alphanumerics to spaces, lowercase; ratio = Indel similarity 2*LCS/(len1+len2)*100, rounded like
-   thefuzz). It is not the C implementation; the official test compares it with thefuzz.
-Everything else follows upstream, including its option reward, which is easy to misread: for each goal option, one
-match if any purchased option value (after normalize_color) has token_set_ratio > 85 with it. A synthetic goal's
-options are a dict, and upstream passes its `.items()`, so each goal option is a (name, value) pair: normalize_color
-on a pair returns a colour only when the name or the value *equals* one, and thefuzz compares the value against the
-pair's text, i.e. the tokens of "name value" (so a purchased 'large' matches the goal size 'x-large': its tokens are a
-subset). There is no exact matching for size and no fall-back on the product text for options (that fall-back
-exists for attributes only); matches are counted per goal option, so r <= 1.
+   128-255, non-alphanumerics to spaces, lowercase; ratio = Indel similarity 2*LCS/(len1+len2)*100, rounded
+   like thefuzz). It is not the C implementation; the official test compares it with thefuzz.
+Everything else follows upstream, including its option reward, which is easy to misread: for each goal option,
+one match if any purchased option value (after normalize_color) has token_set_ratio > 85 with it. A synthetic
+goal's options are a dict, and upstream passes its `.items()`, so each goal option is a (name, value) pair:
+normalize_color on a pair returns a colour only when the name or the value *equals* one, and thefuzz compares
+the value against the pair's text, i.e. the tokens of "name value" (so a purchased 'large' matches the goal
+size 'x-large': its tokens are a subset). There is no exact matching for size and no fall-back on the product
+text for options (that fall-back exists for attributes only); matches are counted per goal option, so r <= 1.
 """
 import re
 
@@ -29,14 +31,14 @@ import re
 COLOR_SET = [
     'alabaster', 'apricot', 'aqua', 'ash', 'asphalt', 'azure', 'banana', 'beige', 'black', 'blue', 'blush',
     'bordeaux', 'bronze', 'brown', 'burgundy', 'camel', 'camo', 'caramel', 'champagne', 'charcoal', 'cheetah',
-    'chestnut', 'chocolate', 'christmas', 'coffee', 'cognac', 'copper', 'coral', 'cranberry', 'cream', 'crystal',
-    'dark', 'denim', 'eggplant', 'elephant', 'espresso', 'fuchsia', 'gold', 'granite', 'grape', 'graphite', 'grass',
-    'gray', 'green', 'grey', 'heather', 'indigo', 'ivory', 'ivy', 'khaki', 'lavender', 'lemon', 'leopard', 'light',
-    'lilac', 'lime', 'magenta', 'maroon', 'mauve', 'merlot', 'midnight', 'mint', 'mocha', 'multicolor', 'mushroom',
-    'mustard', 'natural', 'navy', 'nude', 'olive', 'orange', 'peach', 'pewter', 'pink', 'plum', 'purple', 'rainbow',
-    'red', 'rose', 'royal', 'rust', 'sand', 'sapphire', 'seashell', 'silver', 'skull', 'slate', 'steel', 'stone',
-    'stonewash', 'sunflower', 'tan', 'taupe', 'teal', 'tiger', 'turquoise', 'violet', 'walnut', 'wheat', 'white',
-    'wine', 'yellow',
+    'chestnut', 'chocolate', 'christmas', 'coffee', 'cognac', 'copper', 'coral', 'cranberry', 'cream',
+    'crystal', 'dark', 'denim', 'eggplant', 'elephant', 'espresso', 'fuchsia', 'gold', 'granite', 'grape',
+    'graphite', 'grass', 'gray', 'green', 'grey', 'heather', 'indigo', 'ivory', 'ivy', 'khaki', 'lavender',
+    'lemon', 'leopard', 'light', 'lilac', 'lime', 'magenta', 'maroon', 'mauve', 'merlot', 'midnight', 'mint',
+    'mocha', 'multicolor', 'mushroom', 'mustard', 'natural', 'navy', 'nude', 'olive', 'orange', 'peach',
+    'pewter', 'pink', 'plum', 'purple', 'rainbow', 'red', 'rose', 'royal', 'rust', 'sand', 'sapphire',
+    'seashell', 'silver', 'skull', 'slate', 'steel', 'stone', 'stonewash', 'sunflower', 'tan', 'taupe',
+    'teal', 'tiger', 'turquoise', 'violet', 'walnut', 'wheat', 'white', 'wine', 'yellow',
 ]
 FUZZY_THRESHOLD = 85
 
@@ -57,7 +59,8 @@ def normalize_color(color_string: str) -> str:
 
 
 def _full_process(s) -> str:
-    """thefuzz.utils.full_process(s, force_ascii=True): str(), drop chars 128-255, non-alphanumerics to spaces."""
+    """thefuzz.utils.full_process(s, force_ascii=True): str(), drop chars 128-255,
+    non-alphanumerics to spaces."""
     s = ''.join(c for c in str(s) if not 128 <= ord(c) <= 255)
     return ''.join(c if c.isalnum() else ' ' for c in s).lower().strip()
 
@@ -102,7 +105,8 @@ def title_nouns(name: str) -> list[str]:
 
 
 def get_type_reward(purchased_product: dict, goal: dict) -> dict:
-    """Same category? query match, >= 2 shared category levels, or title-noun overlap; see the r_type ladder."""
+    """Same category? query match, >= 2 shared category levels, or title-noun overlap;
+    see the r_type ladder."""
     query_match = purchased_product['query'] == goal['query']
     purchased_cat = {x.strip() for x in purchased_product['product_category'].split('›')}
     goal_cat = {x.strip() for x in goal['product_category'].split('›')}
@@ -118,7 +122,8 @@ def get_type_reward(purchased_product: dict, goal: dict) -> dict:
         r_type = 0.1
     if title_score == 0.0:
         r_type = 0.0
-    return dict(r_type=r_type, query_match=query_match, category_match=category_match, title_score=title_score)
+    return dict(r_type=r_type, query_match=query_match, category_match=category_match,
+                title_score=title_score)
 
 
 def _in_product_text(text: str, product: dict) -> bool:
@@ -127,10 +132,12 @@ def _in_product_text(text: str, product: dict) -> bool:
 
 
 def get_attribute_reward(purchased_product: dict, goal: dict) -> tuple[float, int]:
-    """Each goal attribute matches a product attribute (token_set_ratio > 85) or appears in the product text."""
+    """Each goal attribute matches a product attribute (token_set_ratio > 85) or appears in the product
+    text."""
     n_matches = 0
     for g_attr in goal['attributes']:
-        if any(token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD for p_attr in purchased_product['Attributes']):
+        if any(token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD
+               for p_attr in purchased_product['Attributes']):
             n_matches += 1
         elif _in_product_text(g_attr, purchased_product):
             n_matches += 1
@@ -138,14 +145,16 @@ def get_attribute_reward(purchased_product: dict, goal: dict) -> tuple[float, in
 
 
 def normalize_goal_option(option):
-    """normalize_color on a goal option: a value string (substring test) or a (name, value) pair (equality test)."""
+    """normalize_color on a goal option: a value string (substring test) or a (name, value) pair
+    (equality test)."""
     if isinstance(option, str):
         return normalize_color(option)
     return next((c for c in COLOR_SET if c in option), option)
 
 
 def get_option_reward(purchased_options: list[str], goal_options: list) -> tuple:
-    """Per goal option: matched when some purchased value has token_set_ratio > 85 with it (see the docstring)."""
+    """Per goal option: matched when some purchased value has token_set_ratio > 85 with it
+    (see the docstring)."""
     purchased = [normalize_color(o) for o in purchased_options]
     goal_opts = [normalize_goal_option(o) for o in goal_options]
     n_matches = sum(any(token_set_ratio(p, g) > FUZZY_THRESHOLD for p in purchased) for g in goal_opts)

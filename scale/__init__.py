@@ -1,2 +1,2 @@
-"""Running at scale: the vLLM engine (vllm_engine.py), torchrun/DDP/FSDP helpers (distributed.py) and checkpoints
-(checkpoint.py)."""
+"""Running at scale: the vLLM engine (vllm_engine.py), torchrun/DDP/FSDP helpers (distributed.py) and
+checkpoints (checkpoint.py)."""

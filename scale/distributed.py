@@ -1,15 +1,17 @@
 """Distributed set-up in one place: the same smrc.py runs under `python` and under `torchrun`.
 
-- `init_distributed(device)` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE, starts the process group (NCCL on GPU,
-  gloo on CPU) and returns a `World` with the rank, world size and device. Without torchrun it is a no-op (world 1).
-  `close(world)` destroys the process group it started (also a one-process torchrun group, so NCCL leaks nothing).
+- `init_distributed(device)` reads torchrun's RANK / LOCAL_RANK / WORLD_SIZE, starts the process group (NCCL
+  on GPU, gloo on CPU) and returns a `World` with the rank, world size and device. Without torchrun it is a
+  no-op (world 1). `close(world)` destroys the process group it started (also a one-process torchrun group, so
+  NCCL leaks nothing).
 - Task groups are sharded across ranks (`shard`), so GRPO statistics stay inside one rank's group.
-- `all_sum` / `gather` reduce what the loss and the logged metrics need, so the numbers mean the same as in a single
-  process: the token-mean normaliser is the global token count, and metrics are computed over every rank's episodes.
-- `wrap` puts the model under DDP or FSDP2 (`fully_shard`); `full_state_dict` gathers full weights for checkpoints and
-  for the vLLM weight sync.
-  Under FSDP every forward is a collective, so ranks must run the same number of forwards: the update aligns its
-  micro-batch counts across ranks, and rollouts and teacher scoring run on vLLM (`--rollout.engine vllm
+- `all_sum` / `gather` reduce what the loss and the logged metrics need, so the numbers mean the same as in a
+  single process: the token-mean normaliser is the global token count, and metrics are computed over every
+  rank's episodes.
+- `wrap` puts the model under DDP or FSDP2 (`fully_shard`); `full_state_dict` gathers full weights for
+  checkpoints and for the vLLM weight sync.
+  Under FSDP every forward is a collective, so ranks must run the same number of forwards: the update aligns
+  its micro-batch counts across ranks, and rollouts and teacher scoring run on vLLM (`--rollout.engine vllm
   --teacher.backend vllm`), whose per-rank generation needs no collectives.
 Only rank 0 logs, shows progress bars and writes checkpoints; every rank loads the checkpoint when resuming.
 """
@@ -20,8 +22,8 @@ from typing import Literal
 
 import torch
 import torch.distributed as td
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -60,7 +62,8 @@ class World:
         return int(t.item())
 
     def gather(self, obj) -> list:
-        """Every rank's `obj`, in rank order, on every rank (small Python objects: trajectories, metric rows)."""
+        """Every rank's `obj`, in rank order, on every rank (small Python objects: trajectories,
+        metric rows)."""
         if not self.enabled:
             return [obj]
         out = [None] * self.world_size
@@ -102,7 +105,8 @@ def close(world: World) -> None:
 
 
 def wrap(model, world: World, strategy: str):
-    """DDP (each rank holds the full model) or FSDP (parameters sharded across ranks); identity on one process."""
+    """DDP (each rank holds the full model) or FSDP (parameters sharded across ranks);
+    identity on one process."""
     if not world.enabled:
         return model
     if strategy == "fsdp":  # FSDP2: each decoder layer, then the root, shards its parameters across ranks
@@ -114,7 +118,8 @@ def wrap(model, world: World, strategy: str):
 
 
 def _multi_process() -> bool:
-    """From torchrun's WORLD_SIZE, not td.is_initialized(): vLLM starts its own world-1 group in a single process."""
+    """From torchrun's WORLD_SIZE, not td.is_initialized():
+    vLLM starts its own world-1 group in a single process."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and td.is_initialized()
 
 
@@ -123,8 +128,8 @@ def unwrap(model):
 
 
 def full_state_dict(model, cpu: bool = True) -> dict:
-    """Full (unsharded) weights, on CPU or where they are, from a plain, DDP or FSDP2 model. Sharded (FSDP2 DTensor)
-    parameters are gathered: a collective, so every rank calls it."""
+    """Full (unsharded) weights, on CPU or where they are, from a plain, DDP or FSDP2 model. Sharded
+    (FSDP2 DTensor) parameters are gathered: a collective, so every rank calls it."""
     if not any(type(p).__name__ == "DTensor" for p in model.parameters()):
         sd = {k: v.detach() for k, v in unwrap(model).state_dict().items()}  # DDP wraps the model in .module
         return {k: v.cpu() for k, v in sd.items()} if cpu else sd
@@ -136,7 +141,8 @@ def full_optimizer_state_dict(model, optimizer) -> dict:
     """The optimizer state with full (unsharded) tensors; a plain state_dict without a process group."""
     if not _multi_process():
         return optimizer.state_dict()
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(model, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_full_optimizer_state_dict(model, optimizer, state: dict) -> None:
@@ -149,4 +155,5 @@ def load_full_optimizer_state_dict(model, optimizer, state: dict) -> None:
 @dataclass
 class DistConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """under torchrun: ddp (full model per rank) or fsdp (parameters sharded, for models that do not fit one device)"""
+    """under torchrun: ddp (full model per rank) or fsdp (parameters sharded,
+    for models that do not fit one device)"""

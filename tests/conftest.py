@@ -1,4 +1,5 @@
-"""Shared test set-up: the embedded tiny model is built once per session in a temporary cache, never in $HOME."""
+"""Shared test set-up: the embedded tiny model is built once per session in a temporary cache,
+never in $HOME."""
 import os
 import sys
 import tempfile

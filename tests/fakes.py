@@ -18,10 +18,12 @@ def sample(prompt_ids: list[int], response_ids: list[int], advantage: float, sam
 
 
 def teacher_requests(tokenizer, requests: list[tuple[str, str, list[int]]]) -> tuple[list[list[int]], list[Turn]]:
-    """(teacher prompt ids, turns) of (student user message, privileged context, response ids) triples, as
-    teacher.teacher_signal hands them to teacher.score."""
+    """(teacher prompt ids, turns) of (student user message, privileged text, response ids) triples, as
+    teacher.teacher_signal hands them to teacher.score_turns (the privileged text goes before the message)."""
+    from router import TeacherContext
     from teacher import teacher_prompt_ids
-    prompts = [teacher_prompt_ids(tokenizer, context, user_text) for user_text, context, _ in requests]
+    prompts = [teacher_prompt_ids(tokenizer, TeacherContext((context,), ()), user_text)
+               for user_text, context, _ in requests]
     turns = [turn("t", "traj", 0, Step((), "", "", ""), user_text=user_text, response_ids=response)
              for user_text, _, response in requests]
     return prompts, turns

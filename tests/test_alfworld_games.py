@@ -1,7 +1,8 @@
-"""Tests of the ALFWorld game generator (environments/alfworld_games.py) against the real engine and its planner.
+"""Tests of the ALFWorld game generator (environments/alfworld_games.py) against the real engine and its
+planner.
 
-Every generated task type is solved by the engine's Fast Downward planner and the replayed plan wins; one real-size
-game too. Generation is deterministic, idempotent, and train/eval seeds are disjoint.
+Every generated task type is solved by the engine's Fast Downward planner and the replayed plan wins; one
+real-size game too. Generation is deterministic, idempotent, and train/eval seeds are disjoint.
 Run: .venv/bin/python -m pytest tests/test_alfworld_games.py -q
 """
 import importlib.util
@@ -15,7 +16,8 @@ import envs
 from environments import alfworld_games
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None or
-                                importlib.util.find_spec("textworld") is None, reason="alfworld not installed")
+                                importlib.util.find_spec("textworld") is None,
+                                reason="alfworld not installed")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ def test_generate_is_deterministic_and_idempotent(cache_dir, small_train):
     assert [os.stat(p).st_mtime_ns for p in again] == stamps  # same content hash -> not rewritten
     game, traj = alfworld_games.make_game(123, "pick_two_obj_and_place", "small")
     assert (game, traj) == alfworld_games.make_game(123, "pick_two_obj_and_place", "small")
-    assert game["pddl_problem"] != alfworld_games.make_game(124, "pick_two_obj_and_place", "small")[0]["pddl_problem"]
+    assert (game["pddl_problem"]
+            != alfworld_games.make_game(124, "pick_two_obj_and_place", "small")[0]["pddl_problem"])
 
 
 def test_every_task_type_and_game_file_fields(small_train):
@@ -50,7 +53,8 @@ def test_every_task_type_and_game_file_fields(small_train):
             game = json.load(f)
         with open(os.path.join(os.path.dirname(path), "traj_data.json")) as f:
             traj = json.load(f)
-        assert set(game) == {"pddl_domain", "grammar", "pddl_problem", "solvable", "walkthrough"} and game["solvable"]
+        assert (set(game) == {"pddl_domain", "grammar", "pddl_problem", "solvable", "walkthrough"}
+                and game["solvable"])
         assert "UNKNOWN GOAL" not in game["grammar"]
         assert f"Your task is to: {traj['turk_annotations']['anns'][0]['task_desc']}." in game["grammar"]
         assert os.path.basename(os.path.dirname(path)).startswith(

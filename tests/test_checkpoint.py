@@ -1,6 +1,7 @@
-"""Checkpoints and resume (scale/checkpoint.py, scale/preflight.py, scale/run_logs.trim_logs) on the embedded tiny model, in
-process: checksums and a weights_only trainer state, nothing non-finite saved, rotation by step number, a fresh run
-refusing a used folder, verified resume naming the bad file and the intact older checkpoint, a full disk, log repair.
+"""Checkpoints and resume (scale/checkpoint.py, scale/preflight.py, scale/run_logs.trim_logs) on the embedded
+tiny model, in process: checksums and a weights_only trainer state, nothing non-finite saved, rotation by step
+number, a fresh run refusing a used folder, verified resume naming the bad file and the intact older
+checkpoint, a full disk, log repair.
 
 Run: pytest tests/test_checkpoint.py -q   (seconds)
 """
@@ -52,7 +53,8 @@ def test_checksums_cover_every_file_and_trainer_state_loads_weights_only(trainer
     assert listed == {p.name for p in path.iterdir()} - {ck.CHECKSUMS}
     assert subprocess.run(["sha256sum", "--quiet", "-c", ck.CHECKSUMS], cwd=path).returncode == 0
     state = torch.load(path / "trainer_state.pt", weights_only=True)  # tensors and plain data only
-    assert isinstance(state["rng"]["python"], torch.Tensor) and isinstance(state["rng"]["numpy"], torch.Tensor)
+    assert (isinstance(state["rng"]["python"], torch.Tensor)
+            and isinstance(state["rng"]["numpy"], torch.Tensor))
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
     model, _, optimizer, bank = trainer
     assert ck.load_trainer_state(path, model, optimizer, bank) == 1
@@ -80,7 +82,8 @@ def test_rotation_orders_by_step_number_and_never_deletes_the_newest(trainer, tm
     for step in (2, 4, 8):  # an earlier run's checkpoints (a programmatic save into a used folder)
         (tmp_path / f"step_{step:06d}").mkdir()
     save(tmp_path, 1, trainer, keep=3)
-    assert ck.latest_checkpoint(tmp_path).name == "step_000001" and ck.verify(tmp_path / "step_000001") is None
+    assert (ck.latest_checkpoint(tmp_path).name == "step_000001"
+            and ck.verify(tmp_path / "step_000001") is None)
     assert len(ck.checkpoints(tmp_path)) == 4  # no newer checkpoint deleted for an older one
     (tmp_path / "step_999999").mkdir()  # by name, step_1000000 sorts before step_999999
     save(tmp_path, 1_000_000, trainer, keep=2)
@@ -168,10 +171,12 @@ def test_disk_full_names_the_path_and_keeps_the_previous_latest(trainer, tmp_pat
 
 
 def test_a_really_full_disk(trainer, tmp_path):
-    """The same on a 7 MB tmpfs (one 5 MB checkpoint fits, two do not); skipped where mounting is not allowed."""
+    """The same on a 7 MB tmpfs (one 5 MB checkpoint fits, two do not);
+    skipped where mounting is not allowed."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(disk)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         save(disk, 1, trainer)
@@ -184,7 +189,7 @@ def test_a_really_full_disk(trainer, tmp_path):
         subprocess.run(["umount", str(disk)])
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Log repair on resume
 
 
@@ -220,7 +225,8 @@ def test_resuming_twice_from_one_step_keeps_both_set_aside_files(tmp_path):
     first, second = _rows([1, 2, 3]), _rows([1, 2, 3, 4])
     (tmp_path / "metrics.jsonl").write_text("\n".join(first) + "\n")
     run_logs.trim_logs(tmp_path, 1)
-    (tmp_path / "metrics.jsonl").write_text("\n".join(second) + "\n")  # the first resume's attempt, killed again
+    # the first resume's attempt, killed again
+    (tmp_path / "metrics.jsonl").write_text("\n".join(second) + "\n")
     run_logs.trim_logs(tmp_path, 1)
     assert (tmp_path / "metrics.after_step_1.jsonl").read_text().splitlines() == first[1:]
     assert (tmp_path / "metrics.after_step_1.2.jsonl").read_text().splitlines() == second[1:]

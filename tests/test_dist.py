@@ -1,5 +1,5 @@
-"""Multi-process training on CPU (gloo): torchrun smoke run, gradients equal to one process, kill and resume, the
-process group destroyed on exit.
+"""Multi-process training on CPU (gloo): torchrun smoke run, gradients equal to one process, kill and resume,
+the process group destroyed on exit.
 
 Run: pytest tests/test_dist.py -q   (about 3 minutes on 2 cores)
 """
@@ -25,16 +25,17 @@ from scale.distributed import World, close, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2", "--alfworld.max-steps", "3",
-        "--alfworld.num-workers", "1"]
+FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
+        "--alfworld.max-steps", "3", "--alfworld.num-workers", "1"]
 
 
 def _samples():
     g = torch.Generator().manual_seed(3)
-    return [sample(torch.randint(3, 500, (n,), generator=g).tolist(), torch.randint(3, 500, (r,), generator=g).tolist(),
-                   a, [-7.0] * r, [-6.5] * r if i % 2 else None)
-            for i, (n, r, a) in enumerate([(5, 3, 1.0), (9, 6, -1.0), (17, 2, 0.5), (4, 8, -0.2), (12, 5, 2.0),
-                                           (7, 7, -0.7)])]
+    return [sample(torch.randint(3, 500, (n,), generator=g).tolist(),
+                   torch.randint(3, 500, (r,), generator=g).tolist(), a, [-7.0] * r,
+                   [-6.5] * r if i % 2 else None)
+            for i, (n, r, a) in enumerate([(5, 3, 1.0), (9, 6, -1.0), (17, 2, 0.5), (4, 8, -0.2),
+                                           (12, 5, 2.0), (7, 7, -0.7)])]
 
 
 def _grads(model, samples, world=None):
@@ -65,15 +66,19 @@ def test_gradients_split_over_two_ranks_equal_one_process(tiny, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp_mp.start_processes(_rank_main, args=(port, resolve("tiny"), str(tmp_path)), nprocs=2, start_method="spawn")
+    tmp_mp.start_processes(_rank_main, args=(port, resolve("tiny"), str(tmp_path)), nprocs=2,
+                           start_method="spawn")
     g0, g1 = torch.load(tmp_path / "grad0.pt"), torch.load(tmp_path / "grad1.pt")
-    assert torch.equal(g0, g1)                                   # DDP all-reduced: every rank holds the same gradient
-    assert torch.allclose(g0, single, rtol=1e-4, atol=1e-7)      # and it is the single-process gradient of the batch
+    # DDP all-reduced: every rank holds the same gradient
+    assert torch.equal(g0, g1)
+    # and it is the single-process gradient of the batch
+    assert torch.allclose(g0, single, rtol=1e-4, atol=1e-7)
 
 
 def _torchrun(*args, **kw):
     from embedded.warmstart import resolve
-    resolve("tiny-agent-quick")  # the tiny preset's model, built here once: the timed torchrun run only loads it
+    # the tiny preset's model, built here once: the timed torchrun run only loads it
+    resolve("tiny-agent-quick")
     return subprocess.Popen([*TORCHRUN, str(ROOT / "smrc.py"), *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
@@ -90,8 +95,8 @@ def test_torchrun_two_processes_run_two_steps(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]                  # rank 0 alone logs
     assert log.count("step 1/2 |") == 1
     assert rows[0]["rollout/turns"] > 0 and rows[0]["actor/tokens"] > 0
-    # both ranks' episodes are in the metrics: 2 task groups x 2 rollouts, one group per rank (trajectory ids carry the
-    # step and the rank that played them), and the logged turn count is over all 4 episodes
+    # both ranks' episodes are in the metrics: 2 task groups x 2 rollouts, one group per rank (trajectory ids
+    # carry the step and the rank that played them), and the logged turn count is over all 4 episodes
     with gzip.open(tmp_path / "rollouts.jsonl.gz", "rt") as f:
         archived = [json.loads(line) for line in f]
     for step, row in enumerate(rows):
@@ -109,14 +114,15 @@ def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
     while not (tmp_path / "step_000002").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     assert proc.poll() is None, "run ended before it could be killed: " + proc.communicate()[0][-3000:]
-    # the whole job, no clean-up: torchrun and every rank (ranks run in their own sessions; their command lines name
-    # this run's unique output dir)
+    # the whole job, no clean-up: torchrun and every rank (ranks run in their own sessions; their command
+    # lines name this run's unique output dir)
     subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], check=False)
     proc.wait()
     time.sleep(1)
     latest = tmp_path / (tmp_path / "latest").read_text().strip()
     done = int(latest.name.split("_")[1])
-    assert 2 <= done < 8 and (latest / "trainer_state.pt").exists()  # 'latest' only ever names a complete save
+    # 'latest' only ever names a complete save
+    assert 2 <= done < 8 and (latest / "trainer_state.pt").exists()
     resumed = _torchrun(*FAST, "--steps", "8", "--save-every", "1", "--resume", "--output-dir", str(tmp_path))
     log = resumed.communicate(timeout=900)[0]
     assert resumed.returncode == 0, log[-4000:]
@@ -127,11 +133,13 @@ def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
 
 
 def test_close_destroys_the_group_init_distributed_started(monkeypatch):
-    """Also a one-process torchrun group (world size 1): on CUDA, NCCL warns about leaked resources otherwise."""
+    """Also a one-process torchrun group (world size 1): on CUDA,
+    NCCL warns about leaked resources otherwise."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port)).items():
         monkeypatch.setenv(k, v)
     world = init_distributed("cpu")
     assert td.is_initialized() and world.owns_process_group and not world.enabled

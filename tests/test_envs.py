@@ -1,11 +1,11 @@
-"""Tests of envs.py and environments/{alfworld,pool,planner}.py on the real ALFWorld engine (generated games, and
-the official sample).
+"""Tests of envs.py and environments/{alfworld,pool,planner}.py on the real ALFWorld engine (generated games,
+and the official sample).
 
 Covers: intro text and admissible actions, 'Nothing happens.', rewards and the step limit, state signatures
 (equal for equal states reached by different paths, different when any documented field differs), the history
-key, prompts, the action-parsing table, the clear DataError, the official sample (loads, planner solves it, old
-`put X in/on Y` grammar), EnvPool == in-process envs, worker errors naming task and action, planner timeouts, no
-worker or planner outliving a SIGKILLed trainer, linear-time action normalisation.
+key, prompts, the action-parsing table, the clear DataError, the official sample (loads, planner solves it,
+old `put X in/on Y` grammar), EnvPool == in-process envs, worker errors naming task and action, planner
+timeouts, no worker or planner outliving a SIGKILLed trainer, linear-time action normalisation.
 Run: .venv/bin/python -m pytest tests/test_envs.py -q   (official-sample tests use $ALFWORLD_DATA, else
 ../shared/alfworld_data, and are skipped when neither holds json_2.1.1/train)
 """
@@ -27,11 +27,13 @@ from environments.planner import Planner
 from environments.pool import EnvPool
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None or
-                                importlib.util.find_spec("textworld") is None, reason="alfworld not installed")
+                                importlib.util.find_spec("textworld") is None,
+                                reason="alfworld not installed")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFICIAL = next((d for d in (alfworld.ALFWORLD_DATA, os.path.join(REPO, "..", "shared", "alfworld_data"))
                  if d and os.path.isdir(os.path.join(d, "json_2.1.1", "train"))), None)
-needs_official = pytest.mark.skipif(OFFICIAL is None, reason="no official ALFWorld sample (set ALFWORLD_DATA)")
+needs_official = pytest.mark.skipif(OFFICIAL is None,
+                                    reason="no official ALFWorld sample (set ALFWORLD_DATA)")
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,8 @@ def test_load_tasks_generated_is_pinned_and_typed(cfg, tasks):
 
 def test_intro_and_admissible(env, tasks):
     r = env.reset(tasks[0])
-    head = "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see "
+    head = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
+            "you, you see ")
     assert r.observation.startswith(head) and r.observation.endswith(f"\n\nYour task is to: {r.goal}.")
     receptacles = r.observation[len(head):].split(".\n\n")[0].replace(", and ", ", ").split(", ")
     assert all(x.startswith("a ") for x in receptacles)
@@ -89,7 +92,8 @@ def test_bad_action_nothing_happens(env, tasks):
     r0 = env.reset(tasks[0])
     r1 = env.step("fly to the moon")
     assert r1.observation == "Nothing happens."
-    assert r1.signature == r0.signature and r1.admissible == r0.admissible and r1.reward == 0.0 and not r1.done
+    assert (r1.signature == r0.signature and r1.admissible == r0.admissible and r1.reward == 0.0
+            and not r1.done)
 
 
 def test_step_limit_truncates(tasks):
@@ -107,7 +111,8 @@ def test_normalise_action_both_grammars():
     assert alfworld.normalise_action("put mug 1 on shelf 1", new) == "move mug 1 to shelf 1"
     assert alfworld.normalise_action("move mug 1 to shelf 1", old) == "put mug 1 in/on shelf 1"
     assert alfworld.normalise_action("put mug 1 in/on shelf 1", new) == "move mug 1 to shelf 1"
-    assert alfworld.normalise_action("move mug 2 to shelf 1", new) == "move mug 2 to shelf 1"  # not admissible: as is
+    # not admissible: as is
+    assert alfworld.normalise_action("move mug 2 to shelf 1", new) == "move mug 2 to shelf 1"
 
 
 # ---------------------------------------------------------------------------------------------- signatures
@@ -145,8 +150,9 @@ def test_signature_differs_in_each_field(env, tasks):
     assert rs[-1].won and sig(rs[-1])["progress"][-1].startswith("clean ")
     take = next(i for i, a in enumerate(plan) if a.startswith("take ")) + 1
     clean = next(i for i, a in enumerate(plan) if a.startswith("clean ")) + 1
-    pairs = {"location": (rs[0], rs[1]), "holding": (rs[take - 1], rs[take]), "placed": (rs[take - 1], rs[take]),
-             "states": (rs[clean - 1], rs[clean]), "progress": (rs[clean - 1], rs[clean])}
+    pairs = {"location": (rs[0], rs[1]), "holding": (rs[take - 1], rs[take]),
+             "placed": (rs[take - 1], rs[take]), "states": (rs[clean - 1], rs[clean]),
+             "progress": (rs[clean - 1], rs[clean])}
     for field_name, (a, b) in pairs.items():
         assert sig(a)[field_name] != sig(b)[field_name] and a.signature != b.signature, field_name
     assert {k for k in sig(rs[clean]) if sig(rs[clean])[k] != sig(rs[clean - 1])[k]} == {"states", "progress"}
@@ -155,26 +161,32 @@ def test_signature_differs_in_each_field(env, tasks):
     opened = env.step(f"open {recep}")
     assert {k for k in sig(opened) if sig(opened)[k] != sig(closed)[k]} == {"opened"}
     assert sig(env.reset(tasks[0]))["task"] != sig(env.reset(tasks[1]))["task"]
-    assert [k for k, _ in rs[0].signature] == ["task", "location", "holding", "opened", "placed", "states", "progress"]
+    assert ([k for k, _ in rs[0].signature]
+            == ["task", "location", "holding", "opened", "placed", "states", "progress"])
 
 
-# ---------------------------------------------------------------------------------------------- prompts, parsing
+# ------------------------------------------------------------------------------------------- prompts, parsing
 
 
 def test_build_prompt_first_turn_and_history(env, tasks):
     r = env.reset(tasks[0])
     first = envs.build_prompt("alfworld", r.goal, [], 0, r.observation, r.admissible + ["help"], 2)
-    assert first.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment.\nYour current "
-                            "observation is: -= Welcome") and "'help'" not in first and "Prior to this step" not in first
+    assert (first.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
+                             "Your current observation is: -= Welcome")
+            and "'help'" not in first and "Prior to this step" not in first)
     assert "[" + "\n ".join(f"'{a}'" for a in r.admissible) + "]." in first and "<think> </think>" in first
     history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
-    later = envs.build_prompt("alfworld", "put a mug in shelf", history, 3, "o4", ["look"], 2, require_think=False)
-    assert "Your task is to: put a mug in shelf.\nPrior to this step, you have already taken 3 step(s)." in later
-    assert "[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']\nYou are now at step 4" in later
+    later = envs.build_prompt("alfworld", "put a mug in shelf", history, 3, "o4", ["look"], 2,
+                              require_think=False)
+    assert ("Your task is to: put a mug in shelf.\n"
+            "Prior to this step, you have already taken 3 step(s)." in later)
+    assert ("[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']\n"
+            "You are now at step 4" in later)
     assert "<think>" not in later and later.endswith("present it within <action> </action> tags.\n")
 
 
-PARSE_TABLE = [  # (text, require_think, valid, reason, expected action; None = the fallback: last 30 chars lowercased)
+PARSE_TABLE = [  # (text, require_think, valid, reason, expected action;
+                 # None = the fallback: last 30 chars lowercased)
     ("<think>go</think><action>go to shelf 1</action>", True, True, "ok", "go to shelf 1"),
     ("<think>x</think> <action> Go To Shelf 1 </action>", True, True, "ok", "go to shelf 1"),
     ("<action>look</action>", False, True, "ok", "look"),
@@ -189,7 +201,8 @@ PARSE_TABLE = [  # (text, require_think, valid, reason, expected action; None = 
     ("<think>我想</think><action>look</action>", True, False, "cjk", None),
     ("<think>ok</think><action>look</action> 我", True, False, "cjk", None),
     ("X" * 40 + "<action>LOOK", False, False, "missing_action_tags", None),
-    ("<action>" + "go to shelf 1 " * 100 + "</action>", False, False, "too_long", None),  # over MAX_ACTION_CHARS
+    # over MAX_ACTION_CHARS
+    ("<action>" + "go to shelf 1 " * 100 + "</action>", False, False, "too_long", None),
 ]
 
 
@@ -216,19 +229,21 @@ def test_missing_official_data_is_one_clear_error(data_dir, tmp_path, monkeypatc
         data_dir = str(tmp_path)
     with pytest.raises(envs.DataError) as e:
         envs.load_tasks(AlfworldConfig(source="official", data_dir=data_dir), "train")
-    assert all(s in str(e.value) for s in ("ALFWORLD_DATA", "alfworld-download", "--alfworld.source generated"))
+    assert all(s in str(e.value) for s in ("ALFWORLD_DATA", "alfworld-download",
+                                           "--alfworld.source generated"))
 
 
 def test_missing_alfworld_data_from_a_fresh_process():
     code = ("import envs; from environments.alfworld import AlfworldConfig; "
             "envs.load_tasks(AlfworldConfig(source='official'), 'train')")
     env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("envs.DataError: ")
     assert len(p.stderr.strip().splitlines()) < 12  # raised at the API boundary, not deep inside the engine
 
 
-# ---------------------------------------------------------------------------------------------- official sample
+# -------------------------------------------------------------------------------------------- official sample
 
 
 @needs_official
@@ -252,7 +267,8 @@ def test_official_sample_loads_and_planner_solves_every_game():
 
 @needs_official
 def test_official_data_dir_falls_back_to_alfworld_data(monkeypatch):
-    """A run's saved config may predate $ALFWORLD_DATA (data_dir ""): the loader reads the variable, in one place."""
+    """A run's saved config may predate $ALFWORLD_DATA (data_dir ""): the loader reads the variable,
+    in one place."""
     monkeypatch.setattr(alfworld, "ALFWORLD_DATA", OFFICIAL)
     assert len(envs.load_tasks(AlfworldConfig(source="official", data_dir=""), "train")) == 12
 
@@ -326,12 +342,15 @@ def test_planner_timeout_is_reported_not_hung(tasks):
 
 def test_normalise_action_is_linear_on_a_1mb_action():
     """The old `_PUT` backtracked quadratically when `.` met a newline (4.8 s on 40 KB)."""
-    for action in ("put " + "x on " * 200_000 + "\n\nz", "move " + "a to \n" * 170_000 + "z", "put " + "a" * 10**6):
+    for action in ("put " + "x on " * 200_000 + "\n\nz", "move " + "a to \n" * 170_000 + "z",
+                   "put " + "a" * 10**6):
         t0 = time.perf_counter()
         assert alfworld.normalise_action(action, ["look"]) == action  # not admissible: as is
-        alfworld._PUT.match(action), alfworld._MOVE.match(action)  # the regexes alone, without the length bound
+        # the regexes alone, without the length bound
+        alfworld._PUT.match(action), alfworld._MOVE.match(action)
         assert time.perf_counter() - t0 < 1, len(action)
-    assert alfworld.normalise_action("put mug 1 in\nshelf 1", ["move mug 1 to shelf 1"]) == "put mug 1 in\nshelf 1"
+    assert (alfworld.normalise_action("put mug 1 in\nshelf 1", ["move mug 1 to shelf 1"])
+            == "put mug 1 in\nshelf 1")
 
 
 ORPHAN_SCRIPT = """

@@ -14,7 +14,8 @@ from embedded import warmstart
 from environments import alfworld, alfworld_expert
 from environments.alfworld import AlfworldConfig
 
-CFG = AlfworldConfig(source="generated", room_size="small", num_train_games=12, max_steps=60, require_think=False)
+CFG = AlfworldConfig(source="generated", room_size="small", num_train_games=12, max_steps=60,
+                     require_think=False)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,8 @@ def test_expert_wins_every_small_game_with_admissible_actions_only(games):
 
 
 def test_expert_uses_no_hidden_state(games):
-    """Its first move depends only on what the prompt shows: two games with the same visible start and goal type
-    get the same first action, whatever is hidden inside the receptacles."""
+    """Its first move depends only on what the prompt shows: two games with the same visible start and goal
+    type get the same first action, whatever is hidden inside the receptacles."""
     env, tasks = games
     res = env.reset(tasks[0])
     first = alfworld_expert.Expert(alfworld_expert.goal_of(tasks[0])).act(res.admissible)
@@ -47,8 +48,8 @@ def test_expert_uses_no_hidden_state(games):
 
 
 def test_expert_follow_and_label_track_a_reference_without_acting(games):
-    """Along the planner's path the expert's label is its own choice in that state (not the plan's), and `label`
-    never changes its state: only `follow` does."""
+    """Along the planner's path the expert's label is its own choice in that state (not the plan's), and
+    `label` never changes its state: only `follow` does."""
     env, tasks = games
     task = tasks[2]  # clean task: the planner walks straight to the sink basin, the expert searches first
     plan = envs.plan(CFG, task, [], 60).actions
@@ -76,8 +77,8 @@ def test_reverse_order_expert_wins_and_differs(games):
 
 
 def test_warm_start_context_examples_target_the_reference_at_matched_states(games):
-    """Every context example is a matched state -> the reference's next action (its candidate); the same state also
-    has a plain example with the expert's own label, which differs from the target for some states."""
+    """Every context example is a matched state -> the reference's next action (its candidate); the same state
+    also has a plain example with the expert's own label, which differs from the target for some states."""
     env, tasks = games
     recipe = warmstart.Recipe(games=1, epochs=1, context_formats=4)
     task = tasks[2]
@@ -86,8 +87,10 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
     context = [e for e in examples if e.format]
     assert context and {e.format for e in context} == set(warmstart.CONTEXTS)
     for e in context:
-        ordinary = next(p for p in plain if p in e.user_text)  # the teacher's message holds the ordinary prompt
-        assert plain[ordinary] == e.plain_label  # the plain example of the same state keeps the expert's label
+        # the teacher's message holds the ordinary prompt
+        ordinary = next(p for p in plain if p in e.user_text)
+        # the plain example of the same state keeps the expert's label
+        assert plain[ordinary] == e.plain_label
         assert f"'{e.action}'" in ordinary.split("Your admissible actions", 1)[1]
         if "candidate" in router.context_blocks(e.format):  # the candidate and smrc formats
             assert f": <action>{e.action}</action>" in e.user_text  # the candidate, spelled as the response
@@ -96,16 +99,19 @@ def test_warm_start_context_examples_target_the_reference_at_matched_states(game
     assert again == examples  # deterministic: the build's examples do not depend on the run
     stats = warmstart.context_stats(examples)
     assert stats["context"] == len(context) and 0 < stats["target_differs"] < 1
-    assert {k for k in stats if k.startswith("phase=")} <= {"phase=search", "phase=transform", "phase=deliver"}
+    assert ({k for k in stats if k.startswith("phase=")}
+            <= {"phase=search", "phase=transform", "phase=deliver"})
 
 
 def test_identical_examples_train_once_with_their_count_as_weight():
-    """Copies of an example become one example weighing their count (a differing context example `repeats` times
-    more); batches pack the counted copies up to the budget, and every example lands in exactly one batch."""
+    """Copies of an example become one example weighing their count (a differing context example `repeats`
+    times more); batches pack the counted copies up to the budget, and every example lands in exactly one
+    batch."""
     E = warmstart.Example
     plain, ctx_same = E("s1", "go to a"), E("s1 ctx", "go to a", "summary", "search", "go to a")
     ctx_diff = E("s1 ctx2", "go to b", "trajectory", "search", "go to a")
-    examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff], differing_repeats=3)
+    examples, weights = warmstart.weighted([plain, ctx_diff, plain, ctx_same, plain, ctx_diff],
+                                           differing_repeats=3)
     assert examples == [plain, ctx_diff, ctx_same] and weights == [3, 2 * 3, 1]
     lengths, weights = [10, 10, 20, 20, 30, 40], [1, 2, 3, 1, 1, 4]
     batches = warmstart._batches(list(range(6)), lengths, weights, budget=60, rng=random.Random(0))
@@ -115,8 +121,9 @@ def test_identical_examples_train_once_with_their_count_as_weight():
 
 
 def test_training_plan_visits_each_example_its_own_number_of_epochs():
-    """Context examples at 1 epoch and plain ones at 1.8, over 2 passes: each context example is in exactly one
-    pass (half of them in each), each plain one in one or two (1.8 on average, 90% of them in each pass)."""
+    """Context examples at 1 epoch and plain ones at 1.8, over 2 passes: each context example is in exactly
+    one pass (half of them in each), each plain one in one or two (1.8 on average, 90% of them in each
+    pass)."""
     n = 2000
     epochs = [1.0 if i % 2 else 1.8 for i in range(n)]
     plan = warmstart.training_plan([10] * n, [1] * n, epochs, budget=100, rng=random.Random(0))
@@ -138,7 +145,8 @@ def test_build_logprobs_equal_the_trainers(tiny):
             for n, m in ((30, 4), (11, 7), (23, 1))]
     with torch.no_grad():
         logp, mask = warmstart.response_logprobs(model, rows, tok.pad_token_id)
-        expected, _ = token_logprobs(model, collate([p for p, _ in rows], [r for _, r in rows], tok.pad_token_id))
+        expected, _ = token_logprobs(model, collate([p for p, _ in rows], [r for _, r in rows],
+                                                    tok.pad_token_id))
     assert mask.tolist() == [[1] * m + [0] * (7 - m) for m in (4, 7, 1)]
     torch.testing.assert_close(logp, expected, atol=1e-5, rtol=1e-5)
     assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()
@@ -165,7 +173,8 @@ def test_memoised_translation_gives_the_same_observations(games, monkeypatch):
     memo_env = envs.make_env(CFG)
     with_memo = [_observations(memo_env, tasks[3]) for _ in range(2)]
     memo_env.close()
-    assert getattr(fast_downward.pddl2sas, "memoized", False) and fast_downward.pddl2sas.cache_info().hits >= 2
+    assert (getattr(fast_downward.pddl2sas, "memoized", False)
+            and fast_downward.pddl2sas.cache_info().hits >= 2)
     monkeypatch.setattr(fast_downward, "pddl2sas", fast_downward.pddl2sas.original)
     monkeypatch.setattr(alfworld, "memoize_pddl_translation", lambda: None)
     plain_env = envs.make_env(CFG)
@@ -179,8 +188,8 @@ def _observations(env, task) -> list[str]:
 
 
 def test_tiny_tokenizer_gives_every_object_and_receptacle_name_one_token(tiny, games):
-    """The warm start copies the goal's object into "take X from Y": each name must be one token (a name split into
-    five byte pairs made the tiny agent take whatever it saw)."""
+    """The warm start copies the goal's object into "take X from Y": each name must be one token (a name split
+    into five byte pairs made the tiny agent take whatever it saw)."""
     from environments.alfworld_games import CAN_CONTAIN
     _, tok = tiny
     names = sorted({n.lower() for r, objs in CAN_CONTAIN.items() for n in (r, *objs)})
@@ -195,7 +204,8 @@ def test_tiny_tokenizer_gives_every_object_and_receptacle_name_one_token(tiny, g
 @pytest.mark.parametrize("name", ["tiny", "tiny-agent-quick"])
 def test_concurrent_resolvers_build_a_cache_entry_once(tmp_path, monkeypatch, name):
     """Resolvers of one embedded model at the same time (pytest workers, sweep children) wait for one build:
-    the tiny model (tiny.model_dir) and a warm-start recipe (warmstart.resolve) both go through tiny.build_once."""
+    the tiny model (tiny.model_dir) and a warm-start recipe (warmstart.resolve) both go through
+    tiny.build_once."""
     import os
     import threading
     import time
@@ -203,7 +213,8 @@ def test_concurrent_resolvers_build_a_cache_entry_once(tmp_path, monkeypatch, na
     monkeypatch.setenv("SMRC_CACHE", str(tmp_path))
     built = []
 
-    def build(path, *recipe, seed=0):  # stands in for the build (seconds to minutes): the lock is what is tested
+    # stands in for the build (seconds to minutes): the lock is what is tested
+    def build(path, *recipe, seed=0):
         built.append(path)
         time.sleep(0.5)
         path.mkdir(parents=True)

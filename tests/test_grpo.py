@@ -12,7 +12,7 @@ import torch
 import grpo
 import models
 from fakes import sample
-from grpo import grpo_advantages, loss_terms
+from grpo import TokenTerms, grpo_advantages, loss_terms
 
 
 def GRPOConfig(**fields) -> grpo.GRPOConfig:
@@ -51,7 +51,7 @@ def naive_pg(logp, old, A, eps_lo, eps_hi, c):
 
 def _terms(logp, old, A, cfg):
     z = torch.zeros_like(logp)
-    return loss_terms(logp, old, z + logp.detach(), z, z, torch.tensor(A), z, cfg)
+    return loss_terms(TokenTerms(logp, old, z + logp.detach(), z, z, torch.tensor(A), z), cfg)
 
 
 def test_clipped_surrogate_matches_naive_and_boundaries():
@@ -91,7 +91,8 @@ class ToyLM(torch.nn.Module):
 def _toy_samples(V=5):
     # 12 sampled single-token responses; the teacher prefers token 0 strongly, token 4 is disliked
     teacher = torch.log_softmax(torch.tensor([3.0, 0.0, 0.0, 0.0, -3.0]), -1)
-    return [sample([1, 2], [y], 0.0, [math.log(1 / V)], [float(teacher[y])]) for y in [0, 1, 2, 3, 4] * 2 + [0, 4]]
+    return [sample([1, 2], [y], 0.0, [math.log(1 / V)], [float(teacher[y])])
+            for y in [0, 1, 2, 3, 4] * 2 + [0, 4]]
 
 
 def test_sd_gradient_raises_teacher_preferred_tokens_and_lowers_others():
@@ -113,7 +114,8 @@ def test_lambda_zero_reproduces_grpo_exactly():
     base = ToyLM()
     base.logits.data = torch.randn(5)
     models = [copy.deepcopy(base) for _ in range(2)]
-    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.001, sd_coef=0.0, mini_batch_size=2)  # 2 mini-batches: ratio ≠ 1
+    # 2 mini-batches: ratio ≠ 1
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.001, sd_coef=0.0, mini_batch_size=2)
     for m, data in zip(models, (samples, plain)):
         grpo.update(m, torch.optim.AdamW(m.parameters(), lr=0.1), data, cfg, pad_id=0)
     assert torch.equal(models[0].logits, models[1].logits)
@@ -134,14 +136,16 @@ def test_micro_batch_accumulation_equals_one_big_batch(tiny):
         grpo.update(m, opt, samples, GRPOConfig(kl_coef=0.0, micro_batch_tokens=budget, max_grad_norm=1e9),
                     pad_id=tok.pad_token_id)
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
-    assert models.micro_batches([8, 15, 19, 12, 17], 20) != [[0, 1, 2, 3, 4]]  # the small budget really splits
+    # the small budget really splits
+    assert models.micro_batches([8, 15, 19, 12, 17], 20) != [[0, 1, 2, 3, 4]]
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
 def test_single_minibatch_is_exactly_on_policy(tiny):
     model, tok = tiny
     m = copy.deepcopy(model)
-    samples = [sample([5, 6, 7], [8, 9], 1.0, [0.0, 0.0]), sample([5, 6], [10], -1.0, [0.0])]  # bogus sample lps
+    # bogus sample lps
+    samples = [sample([5, 6, 7], [8, 9], 1.0, [0.0, 0.0]), sample([5, 6], [10], -1.0, [0.0])]
     out = grpo.update(m, torch.optim.AdamW(m.parameters(), lr=1e-3), samples, GRPOConfig(kl_coef=0.0),
                       pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == pytest.approx(1.0) and out["actor/clipfrac"] == 0.0
@@ -164,7 +168,8 @@ def test_nonfinite_loss_skips_the_step_and_is_counted(tiny):
     assert out["actor/nonfinite_streak"] == 2 and math.isnan(out["actor/grad_norm"])
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before)) and not opt.state  # nothing moved
     out = grpo.update(m, opt, _nan_batch(1), cfg, pad_id=tok.pad_token_id, nonfinite_streak=1)
-    assert (out["actor/nonfinite_skips"], out["actor/optimizer_steps"], out["actor/nonfinite_streak"]) == (1, 1, 0)
+    assert (out["actor/nonfinite_skips"], out["actor/optimizer_steps"],
+            out["actor/nonfinite_streak"]) == (1, 1, 0)
     assert all(torch.isfinite(p).all() for p in m.parameters()) and math.isfinite(out["actor/grad_norm"])
     assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))  # the finite mini-batch stepped
 
@@ -174,14 +179,16 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tiny):
     m = copy.deepcopy(model)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=1, max_nonfinite_steps=3)
-    with pytest.raises(SystemExit, match=r"^error: 3 optimizer steps in a row .*--grpo.max-nonfinite-steps 3"):
+    with pytest.raises(SystemExit,
+                       match=r"^error: 3 optimizer steps in a row .*--grpo.max-nonfinite-steps 3"):
         grpo.update(m, opt, _nan_batch(2), cfg, pad_id=tok.pad_token_id, nonfinite_streak=1)  # carried over
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
 def test_grad_checkpointing_auto_is_on_for_large_models_only():
     small, large = ToyLM(), torch.nn.Linear(1, 1)
-    large.weight = torch.nn.Parameter(torch.empty(100_000_000, 1, device="meta"))  # 100M parameters, no memory
+    # 100M parameters, no memory
+    large.weight = torch.nn.Parameter(torch.empty(100_000_000, 1, device="meta"))
     assert grpo.grad_checkpointing_on(GRPOConfig(), large)  # on any device: a real model's update on CPU too
     assert not grpo.grad_checkpointing_on(GRPOConfig(), small)
     assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="on"), small)
@@ -201,7 +208,8 @@ def _one_token(form, p_student, p_teacher, p_old, beta=5.0):
     return float(sd.detach()), float(logp.grad), float(gate)
 
 
-@pytest.mark.parametrize("p_teacher", [0.5, 0.05])  # the teacher endorses the sampled token (Δ > 0), or not (Δ < 0)
+# the teacher endorses the sampled token (Δ > 0), or not (Δ < 0)
+@pytest.mark.parametrize("p_teacher", [0.5, 0.05])
 def test_sd_forms_match_hand_computed_values_and_gradients(p_teacher):
     p, old = 0.2, 0.25                         # student prob of its sampled token; the sampling policy's
     d = math.log(p_teacher) - math.log(p)      # Δ = log π_T − log π_θ
@@ -246,9 +254,11 @@ def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_token
     for coef in (grpo.SD_COEF[form], 0.5):
         logp.grad = None
         cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_loss=form, sd_coef=coef)
-        loss, terms = loss_terms(logp, logp.detach(), logp.detach(), teacher, mask, torch.zeros(1), z, cfg)
+        x = TokenTerms(logp, logp.detach(), logp.detach(), teacher, mask, torch.zeros(1), z)
+        loss, terms = loss_terms(x, cfg)
         loss.sum().backward()
-        assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0 and float(terms["sd_loss"][0, 1].detach()) == 0
+        assert (torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
+                and float(terms["sd_loss"][0, 1].detach()) == 0)
         grads.append(float(logp.grad[0, 0]))
     one = _one_token(form, 0.2, 0.5, 0.2)[1]  # on-policy: ρ = 1
     assert grads == pytest.approx([grpo.SD_COEF[form] * one, 0.5 * one], rel=1e-5)
@@ -259,7 +269,8 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
     GRPO-only turn of 3: `distilled` gives the gradient of `all` times 5/2, and leaves GRPO-only batches
     alone."""
     teacher = [math.log(0.6), math.log(0.1)]
-    samples = [sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher), sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
+    samples = [sample([1, 2], [0, 3], 0.0, [math.log(0.2)] * 2, teacher),
+               sample([1], [1, 2, 4], 0.0, [-1.6] * 3)]
     grads = {}
     for norm in ("all", "distilled"):
         m = ToyLM()
@@ -277,8 +288,8 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The oracle teacher through the reverse-kl loss, the importance ratio of later mini-batches, the term
-# gradient norms
+# The oracle teacher through the reverse-kl loss, the importance ratio of later mini-batches,
+# the term gradient norms
 
 def _onehot(y, V=5):
     return torch.nn.functional.one_hot(torch.tensor(y), V).float()
@@ -288,8 +299,8 @@ def _onehot(y, V=5):
 def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
     """ToyLM at uniform π = 1/5; the student sampled y = (0, 3), the candidate is c = (0, 1). The oracle's
     conditionals: y_1 = c_1, p_T = 0.2(1−α) + α; y_2 leaves c, p_T = 0.04(1−α) / (0.2(1−α) + α) (0 at α = 1:
-    floored). Gradient = Σ_t (log π_θ(y_t) − log p_T(y_t))·(e_{y_t} − π) / 2 tokens; 0 at α = 0 (teacher =
-    student)."""
+    floored). Gradient = Σ_t (log π_θ(y_t) − log p_T(y_t))·(e_{y_t} − π) / 2 tokens;
+    0 at α = 0 (teacher = student)."""
     import teacher
     T = teacher.oracle_logprobs([math.log(0.2)] * 2, [0, 3], [0, 1], alpha)
     p1 = 0.2 * (1 - alpha) + alpha
@@ -297,8 +308,8 @@ def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
     assert T == pytest.approx([math.log(p1), math.log(p2)])
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9)
-    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), [sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg,
-                pad_id=0)
+    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0),
+                [sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg, pad_id=0)
     pi = torch.full((5,), 0.2)
     expected = ((math.log(0.2) - math.log(p1)) * (_onehot(0) - pi)
                 + (math.log(0.2) - math.log(p2)) * (_onehot(3) - pi)) / 2
@@ -308,28 +319,30 @@ def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
 
 @pytest.mark.parametrize("cap", [math.inf, 1.2])  # untruncated, and truncated at 1.2
 def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_frozen(cap):
-    """Two mini-batches of one distilled token y = 0 each, sampled at uniform weights w0 (log π_old =
-    log 0.2), the teacher's log-probs fixed before the update (log 0.5: the teacher does not move within the
-    step). SGD, lr 1: mini-batch 1: g1 = (log π_w0(0) − log 0.5)·(e_0 − π_w0), ρ = 1; mini-batch 2 at w1 = w0
-    − g1: g2 = ρ·(log π_w1(0) − log 0.5)·(e_0 − π_w1), ρ = min(π_w1(0) / 0.2, cap) > 1."""
+    """Two mini-batches of one distilled token y = 0 each, sampled at uniform weights w0
+    (log π_old = log 0.2), the teacher's log-probs fixed before the update (log 0.5: the teacher does not
+    move within the step). SGD, lr 1:
+    mini-batch 1: g1 = (log π_w0(0) − log 0.5)·(e_0 − π_w0), ρ = 1; mini-batch 2 at w1 = w0 − g1:
+    g2 = ρ·(log π_w1(0) − log 0.5)·(e_0 − π_w1), ρ = min(π_w1(0) / 0.2, cap) > 1."""
     old, T = math.log(0.2), math.log(0.5)
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, mini_batch_size=1,
                      sd_is_cap=cap, term_grad_norms=False)
-    out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [sample([1], [0], 0.0, [old], [T])] * 2, cfg,
-                      pad_id=0)
+    out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [sample([1], [0], 0.0, [old], [T])] * 2,
+                      cfg, pad_id=0)
     w = torch.zeros(5)
     pi = torch.softmax(w, -1)
-    w = w - (math.log(pi[0]) - T) * (_onehot(0) - pi)                            # mini-batch 1: ρ = 1 exactly
+    w = w - (math.log(pi[0]) - T) * (_onehot(0) - pi)                         # mini-batch 1: ρ = 1 exactly
     pi = torch.softmax(w, -1)
     rho = min(float(pi[0]) / 0.2, cap)
-    assert float(pi[0]) / 0.2 > 1.5                                               # really off-policy
-    w = w - rho * (math.log(pi[0]) - T) * (_onehot(0) - pi)                      # mini-batch 2: ρ·(−Δ)·∇log π_θ
+    assert float(pi[0]) / 0.2 > 1.5                                           # really off-policy
+    w = w - rho * (math.log(pi[0]) - T) * (_onehot(0) - pi)                   # mini-batch 2: ρ·(−Δ)·∇log π_θ
     assert torch.allclose(m.logits.detach(), w, atol=1e-5)
     assert out["actor/sd_is_ratio"] == pytest.approx((1 + rho) / 2, rel=1e-5)
 
 
-@pytest.mark.parametrize("budget", [8192, 3])  # one micro-batch, or one per sample (norms of the summed gradients)
+# one micro-batch, or one per sample (norms of the summed gradients)
+@pytest.mark.parametrize("budget", [8192, 3])
 def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     """‖∇L_GRPO‖ equals the gradient norm of the same update without teacher log-probs, ‖∇λL_SD‖ that of the
     same update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
@@ -348,7 +361,8 @@ def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     sd_only, _ = run([dataclasses.replace(s, advantage=0.0) for s in samples])
     assert both["actor/grad_norm_grpo"] == pytest.approx(grpo_only["actor/grad_norm"], rel=1e-5)
     assert both["actor/grad_norm_sd"] == pytest.approx(sd_only["actor/grad_norm"], rel=1e-5)
-    assert both["actor/sd_grpo_grad_ratio"] == pytest.approx(sd_only["actor/grad_norm"] / grpo_only["actor/grad_norm"])
+    assert (both["actor/sd_grpo_grad_ratio"]
+            == pytest.approx(sd_only["actor/grad_norm"] / grpo_only["actor/grad_norm"]))
     off, w_off = run(samples, measure=False)
     assert torch.equal(w, w_off) and math.isnan(off["actor/grad_norm_sd"])
 

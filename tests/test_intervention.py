@@ -1,16 +1,18 @@
-"""Tests of the fixed-state teacher intervention (analysis/intervention.py, analysis/intervention_states.py), CPU only.
+"""Tests of the fixed-state teacher intervention (analysis/intervention.py, analysis/intervention_states.py),
+CPU only.
 
-- the cached scorer equals a plain forward (free) and the trainer's own teacher scorer under the admissible mask
-  (restricted), so the intervention measures what the trainer's teacher computes;
-- policy references: a task the policy solves gets a reference that is a real success (it replays to a win through a
-  fresh env, with the same signatures); a task it never solves falls back to the planner (counted) or is skipped
-  (counted);
-- end to end on the tiny model: finite numbers, CIs containing the mean, every task accounted for, deterministic;
-- WebShop (`env="webshop"`, the embedded shop and its oracle): matched states' correct action is the reference's next
-  action, mismatched states are off the reference and their correct action is the oracle's first action from there
-  (Back to Search where the page has no search bar), never what the reference does from the most similar points;
-  every candidate is kept or counted, the policy's success is the reference and the oracle the counted fallback,
-  and the whole report runs on the untrained tiny model.
+- the cached scorer equals a plain forward (free) and the trainer's own teacher scorer under the admissible
+  mask (restricted), so the intervention measures what the trainer's teacher computes;
+- policy references: a task the policy solves gets a reference that is a real success (it replays to a win
+  through a fresh env, with the same signatures); a task it never solves falls back to the planner (counted)
+  or is skipped (counted);
+- end to end on the tiny model: finite numbers, CIs containing the mean, every task accounted for,
+  deterministic;
+- WebShop (`env="webshop"`, the embedded shop and its oracle): matched states' correct action is the
+  reference's next action, mismatched states are off the reference and their correct action is the oracle's
+  first action from there (Back to Search where the page has no search bar), never what the reference does
+  from the most similar points; every candidate is kept or counted, the policy's success is the reference and
+  the oracle the counted fallback, and the whole report runs on the untrained tiny model.
 
 Run: .venv/bin/python -m pytest tests/test_intervention.py -q
 """
@@ -41,15 +43,18 @@ def test_cached_scores_equal_a_plain_forward_and_the_trainers_teacher(tiny):
     for r, f, lp, ref in zip(responses, free, restricted, trainer):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + r])).logits[0].float()
-        plain = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        plain = (torch.log_softmax(logits, -1)[len(prompt) - 1:-1]
+                 .gather(-1, torch.tensor(r)[:, None]).squeeze(-1))
         assert f == pytest.approx(plain.tolist(), abs=1e-4)
         assert lp == pytest.approx(ref, abs=1e-4)
     assert math.exp(sum(sum(lp) for lp in restricted[:1])) < 1  # three responses share the mass
-    assert sum(math.exp(sum(lp)) for lp in restricted) == pytest.approx(1.0, abs=1e-4)  # a distribution over them
+    # a distribution over them
+    assert sum(math.exp(sum(lp)) for lp in restricted) == pytest.approx(1.0, abs=1e-4)
 
 
 class PlanEngine:
-    """A stand-in policy: plays the planner's solution of the task whose goal is in the prompt, 'look' otherwise."""
+    """A stand-in policy: plays the planner's solution of the task whose goal is in the prompt,
+    'look' otherwise."""
 
     def __init__(self, tokenizer, plans: dict[str, list[str]]):
         self.tokenizer, self.plans = tokenizer, plans
@@ -91,10 +96,12 @@ def test_policy_references_are_real_successes_and_the_fallback_is_counted(tiny):
     refs, counts = intervention_states.task_references(policy, env, tasks, args)
     assert refs[solved.task_id] is ref
     assert intervention_states.reference_source(refs[tasks[1].task_id]) == "planner"
-    assert (counts["policy"], counts["planner"], counts["planner_fallback"], counts["skipped_no_success"]) == \
-        (1, 1, 1, 0)
-    refs, counts = intervention_states.task_references(policy, env, tasks, dataclasses.replace(args, no_success="skip"))
-    assert set(refs) == {solved.task_id} and (counts["planner_fallback"], counts["skipped_no_success"]) == (0, 1)
+    assert (counts["policy"], counts["planner"], counts["planner_fallback"],
+            counts["skipped_no_success"]) == (1, 1, 1, 0)
+    refs, counts = intervention_states.task_references(policy, env, tasks,
+                                                       dataclasses.replace(args, no_success="skip"))
+    assert (set(refs) == {solved.task_id}
+            and (counts["planner_fallback"], counts["skipped_no_success"]) == (0, 1))
     refs, counts = intervention_states.task_references(policy, env, tasks,
                                                        dataclasses.replace(args, references="planner"))
     assert all(intervention_states.reference_source(r) == "planner" for r in refs.values())
@@ -109,9 +116,12 @@ def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_pat
     first = intervention.run_intervention(model, tok, args)
     r = first["references"]
     assert r["policy"] + r["planner"] + r["skipped_no_success"] + r["no_reference"] == 2
-    assert r["planner_fallback"] == r["planner"]  # with policy references every planner reference is a fallback
-    assert first["primary"] == "restricted" and first["states"]["matched"] == 4 and first["states"]["mismatched"] >= 1
-    assert first["mismatch_candidates_tried"] == first["states"]["mismatched"] + sum(first["rejected"].values())
+    # with policy references every planner reference is a fallback
+    assert r["planner_fallback"] == r["planner"]
+    assert (first["primary"] == "restricted" and first["states"]["matched"] == 4
+            and first["states"]["mismatched"] >= 1)
+    assert (first["mismatch_candidates_tried"]
+            == first["states"]["mismatched"] + sum(first["rejected"].values()))
     for name, row in first["conditions"].items():
         if not row["states"]:
             continue
@@ -127,7 +137,8 @@ def test_intervention_on_tiny_is_finite_with_cis_and_deterministic(tiny, tmp_pat
         assert st["scores"]["none"]["logp"] <= 0.0 and st["scores"]["none"]["logp_restricted"] >= \
             st["scores"]["none"]["logp_free"]  # renormalising over fewer tokens never lowers a log-prob
         if st["kind"] == "mismatched":
-            assert st["correct"] not in st["reference_similar"]  # the reference is wrong from the similar points
+            # the reference is wrong from the similar points
+            assert st["correct"] not in st["reference_similar"]
     second = intervention.run_intervention(model, tok, args)
     assert second["conditions"] == first["conditions"] and second["differences"] == first["differences"]
 
@@ -146,10 +157,12 @@ def test_webshop_states_follow_the_reference_and_the_oracle():
                                       mismatched_per_task=50, tries_per_task=12)
     cfg = intervention.run_config(args)
     states, rejected, refs, counts = intervention_states.build_states(None, None, args, cfg)
-    env_cfg = dataclasses.replace(intervention_states.env_config(args, cfg), max_steps=10_000)  # as build_states
+    # as build_states
+    env_cfg = dataclasses.replace(intervention_states.env_config(args, cfg), max_steps=10_000)
     assert cfg.env == "webshop" and len(refs) == 3 and counts["planner"] == 3
     assert {st.task.env for st in states} == {"webshop"}
-    # every position of a reference but its typed search (not admissible: only the placeholder is) is a matched state
+    # every position of a reference but its typed search
+    # (not admissible: only the placeholder is) is a matched state
     matched = [st for st in states if st.kind == "matched"]
     assert counts["matched_not_admissible"] == 3 and len(matched) == sum(len(r.steps) - 1 for r in refs)
     env = envs.make_env(env_cfg)
@@ -169,7 +182,8 @@ def test_webshop_states_follow_the_reference_and_the_oracle():
         assert st.correct in st.admissible and st.correct not in most_similar_actions(st.ref, st.signature)
     other_products = [st for st in mismatched if dict(st.signature)["page"] == "item"
                       and dict(st.signature)["item"] not in {dict(s.signature)["item"] for s in st.ref.steps}]
-    assert other_products and {st.correct for st in other_products} == {"click[back to search]"}  # the paper's example
+    # the paper's example
+    assert other_products and {st.correct for st in other_products} == {"click[back to search]"}
     env.close()
 
 
@@ -183,12 +197,14 @@ def test_webshop_policy_references_and_the_oracle_fallback(tiny):
     solved = tasks[1]
     plan = envs.plan(env_cfg, solved, [], 30.0).actions
     engine = PlanEngine(tok, {env.reset(solved).goal: plan})
-    policy = intervention_states.policy_references(None, tok, tasks, dataclasses.replace(cfg, webshop=env_cfg),
-                                                   attempts=2, seed=0, engine=engine)
+    policy = intervention_states.policy_references(None, tok, tasks,
+                                                   dataclasses.replace(cfg, webshop=env_cfg), attempts=2,
+                                                   seed=0, engine=engine)
     assert set(policy) == {solved.task_id} and [s.action for s in policy[solved.task_id].steps] == plan
     refs, counts = intervention_states.task_references(policy, env, tasks, args)
     assert intervention_states.reference_source(refs[solved.task_id]) == "policy"
-    assert intervention_states.reference_source(refs[tasks[0].task_id]) == "planner" and refs[tasks[0].task_id].success
+    assert (intervention_states.reference_source(refs[tasks[0].task_id]) == "planner"
+            and refs[tasks[0].task_id].success)
     assert (counts["policy"], counts["planner"], counts["planner_fallback"]) == (1, 1, 1)
     env.close()
     with pytest.raises(SystemExit, match="--preset tiny"):  # the learn preset's WebShop asks for reasoning
@@ -205,7 +221,8 @@ def test_intervention_runs_end_to_end_on_webshop(tiny, tmp_path):
     assert result["settings"]["env"] == "webshop" and result["primary"] == "restricted"
     assert r["policy"] + r["planner"] == 2 and r["planner_fallback"] == r["planner"]
     assert result["states"]["matched"] == 4 and result["states"]["mismatched"] >= 1
-    assert result["mismatch_candidates_tried"] == result["states"]["mismatched"] + sum(result["rejected"].values())
+    assert (result["mismatch_candidates_tried"]
+            == result["states"]["mismatched"] + sum(result["rejected"].values()))
     for name in ("fullpath_matched", "smrc_matched", "fullpath_mismatched"):
         row = result["conditions"][name]
         assert row["states"] > 0 and math.isfinite(row["delta_logp"]["mean"])
@@ -217,17 +234,18 @@ def test_intervention_runs_end_to_end_on_webshop(tiny, tmp_path):
 
 
 def test_missing_official_data_is_one_error_line_before_the_model_loads(tmp_path):
-    """`intervene --source official` without ALFWORLD_DATA: one `error:` line naming the variable, no traceback, and
-    nothing loaded (the embedded model would be built first otherwise)."""
+    """`intervene --source official` without ALFWORLD_DATA: one `error:` line naming the variable, no
+    traceback, and nothing loaded (the embedded model would be built first otherwise)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"SMRC_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "evaluate.py", "intervene", "--model", "tiny", "--source", "official",
-                           "--split", "train", "--num-tasks", "2"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = ({k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
+           | {"SMRC_CACHE": str(tmp_path / "cache")})
+    proc = subprocess.run([sys.executable, "evaluate.py", "intervene", "--model", "tiny", "--source",
+                           "official", "--split", "train", "--num-tasks", "2"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "ALFWORLD_DATA" in proc.stderr
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tiny-*"))  # no model built

@@ -120,9 +120,17 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert ("sd/candidate_gain" in smrc) == any(m.get("sd/candidate_turns", 0) > 0 for m in steps)
     assert "sd/candidate_gain" not in res["rows"][1]  # GRPO has no teacher
     assert all(r["train_min"][0] > 0 and r["eval_min"][0] > 0 for r in res["rows"][1:])  # each run's wall time
-    assert res["grpo_gain_avg@k"] is not None
+    evals = {n: json.loads((tmp_path / "eval" / f"{n}.json").read_text())["rows"][0]
+             for n in ("grpo-seed0", "warm-start")}
+    gain, se = res["grpo_gain_avg@k"]  # one seed: its gain, and no SE over seeds
+    assert gain == pytest.approx(evals["grpo-seed0"]["metrics"]["avg@2"] - evals["warm-start"]["metrics"]["avg@2"])
+    assert math.isnan(se)
     assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3"}
-    assert -1.0 <= res["paired_gain_avg@k"]["grpo"][0] <= 1.0
+    per_task = {}  # by hand: each task's success over its k attempts, GRPO's minus the warm start's
+    for name, sign in (("grpo-seed0", 1), ("warm-start", -1)):
+        for e in evals[name]["episodes"]:
+            per_task[e["task_id"]] = per_task.get(e["task_id"], 0.0) + sign * float(e["won"]) / 2
+    assert res["paired_gain_avg@k"]["grpo"][0] == pytest.approx(sum(per_task.values()) / len(per_task))
     assert set(res["paired_difference_avg@k"]) == {"smrc-sd-lam0.3 − grpo", "oracle-smrc-sd-a0.5-lam0.3 − grpo"}
     assert res["seed_paired_difference_avg@k"]["smrc-sd-lam0.3 − grpo"]["seeds"] == 1  # one seed: no SE over seeds
     oracle = json.loads((tmp_path / "oracle-smrc-sd-a0.5-lam0.3-seed0" / "config.json").read_text())

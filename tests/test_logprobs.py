@@ -1,6 +1,6 @@
-"""Bounded log-prob memory: `token_logprobs` computes the lm_head + log-softmax in chunks of response tokens (each
-recomputed in backward), and gives the same log-probs, entropies and gradients as the plain full-vocabulary formula
-on the model's own logits.
+"""Bounded log-prob memory: `token_logprobs` computes the lm_head + log-softmax in chunks of response tokens
+(each recomputed in backward), and gives the same log-probs, entropies and gradients as the plain
+full-vocabulary formula on the model's own logits.
 
 Run: pytest tests/test_logprobs.py -q
 """
@@ -30,7 +30,8 @@ def _allowed(batch, V):
 def _plain(model, batch, temperature, allowed):
     """The unchunked reference: the model's full logits, one log-softmax over (B, R, V)."""
     R = batch.response_ids.shape[1]
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids,
                    use_cache=False).logits[:, -R - 1:-1].float() / temperature   # (B, R, V)
     if allowed is not None:
         keep = torch.ones_like(logits, dtype=torch.bool)
@@ -53,7 +54,8 @@ def test_chunked_logprobs_and_entropy_equal_the_full_vocabulary_formula(tiny):
         with torch.no_grad():
             ref_lp, ref_ent = _plain(model.eval(), batch, 0.7, allowed)
             for chunk in (1, 4, 10**6):
-                lp, ent = token_logprobs(model, batch, 0.7, with_entropy=True, allowed=allowed, chunk_tokens=chunk)
+                lp, ent = token_logprobs(model, batch, 0.7, with_entropy=True, allowed=allowed,
+                                         chunk_tokens=chunk)
                 assert torch.allclose(lp[mask], ref_lp[mask], atol=1e-5, rtol=0)
                 assert torch.allclose(ent[mask], ref_ent[mask], atol=1e-5, rtol=0)
                 assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
@@ -74,7 +76,8 @@ def test_chunked_gradients_equal_the_full_vocabulary_gradients(tiny):
         if chunk is None:
             lp, ent = _plain(model, batch, 1.0, allowed)
         else:
-            lp, ent = token_logprobs(model, batch, 1.0, with_entropy=True, allowed=allowed, chunk_tokens=chunk)
+            lp, ent = token_logprobs(model, batch, 1.0, with_entropy=True, allowed=allowed,
+                                     chunk_tokens=chunk)
         ((lp * torch.linspace(-1, 1, lp.shape[1]) - 0.1 * ent) * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     scale = grads[0].abs().max()
@@ -87,7 +90,8 @@ def test_chunked_gradients_equal_the_full_vocabulary_gradients(tiny):
 def _engine_exactness(model, tok, sampling, n=6):
     """The engine's sampling log-probs vs the trainer's forward on the same prompts + responses (float32)."""
     torch.manual_seed(0)
-    prompts = [chat_ids(tok, f"Your task is to: put a mug in coffeemachine. Turn {i}." + " look" * i) for i in range(n)]
+    prompts = [chat_ids(tok, f"Your task is to: put a mug in coffeemachine. Turn {i}." + " look" * i)
+               for i in range(n)]
     gens = HFEngine(model, tok, sampling, batch_size=4).generate(prompts)
     batch = collate(prompts, [g.response_ids for g in gens], tok.pad_token_id)
     with torch.no_grad():
@@ -101,16 +105,19 @@ def _engine_exactness(model, tok, sampling, n=6):
 def test_engine_sampling_logprobs_equal_the_trainer_forward(tiny):
     model, tok = tiny
     for temperature in (1.0, 0.7):
-        gens = _engine_exactness(model.eval(), tok, SamplingConfig(max_new_tokens=12, temperature=temperature))
+        gens = _engine_exactness(model.eval(), tok,
+                                 SamplingConfig(max_new_tokens=12, temperature=temperature))
         assert len({tuple(g.response_ids) for g in gens}) > 1  # really sampled
     greedy = _engine_exactness(model, tok, SamplingConfig(max_new_tokens=12, temperature=0.0))
-    static = _engine_exactness(model, tok, SamplingConfig(max_new_tokens=12, temperature=0.0, static_cache=True))
+    static = _engine_exactness(model, tok,
+                               SamplingConfig(max_new_tokens=12, temperature=0.0, static_cache=True))
     assert [g.response_ids for g in greedy] == [g.response_ids for g in static]
 
 
 def test_recorder_gathers_each_step_at_the_token_taken_next():
     rec = LogprobRecorder(temperature=0.5)
-    scores = [torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 0.0]])]
+    scores = [torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]),
+              torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 0.0]])]
     ids = torch.tensor([[7], [7]])
     for step, taken in zip(scores, ([2, 0], [1, 1])):
         assert torch.equal(rec(ids, step), step)  # scores pass through unchanged

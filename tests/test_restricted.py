@@ -1,5 +1,6 @@
-"""Restricted decoding (--rollout.action-space admissible): every response is one of the allowed responses, and the
-same mask gives the same log-probs in sampling, in the update (PPO ratio exactly 1 on-policy) and in the teacher.
+"""Restricted decoding (--rollout.action-space admissible): every response is one of the allowed responses,
+and the same mask gives the same log-probs in sampling, in the update (PPO ratio exactly 1 on-policy) and in
+the teacher.
 
 Run: pytest tests/test_restricted.py -q
 """
@@ -34,7 +35,8 @@ def test_trie_allows_exactly_the_continuations(tiny):
     assert allowed_ids(trie, look) == []                             # ended
     assert allowed_ids(trie, [look[0] + 1] if look[0] + 1 not in trie else [10**6]) == []  # off the trie
     first = sorted({ids[0] for ids in (tok(r, add_special_tokens=False)["input_ids"]
-                                        for r in ["<action>look</action>", "<action>go to cabinet 1</action>"])})
+                                        for r in ["<action>look</action>",
+                                                  "<action>go to cabinet 1</action>"])})
     assert sorted(allowed_ids(trie, [])) == first  # at the start: exactly the responses' first tokens
 
 
@@ -51,7 +53,8 @@ def test_sampling_update_and_teacher_logprobs_agree_under_the_mask(tiny):
     prompts, gens = _sample(tiny)
     batch = collate(prompts, [g.response_ids for g in gens], tok.pad_token_id)
     mask = batch.response_mask.bool()
-    sampled = torch.tensor([g.logprobs + [0.0] * (batch.response_ids.shape[1] - len(g.logprobs)) for g in gens])
+    sampled = torch.tensor([g.logprobs + [0.0] * (batch.response_ids.shape[1] - len(g.logprobs))
+                            for g in gens])
     with torch.no_grad():
         masked, _ = token_logprobs(model, batch, allowed=[g.allowed for g in gens])
         free, _ = token_logprobs(model, batch)
@@ -71,9 +74,11 @@ def test_update_ratio_is_exactly_one_on_policy(tiny):
     samples = [sample(p, g.response_ids, (-1.0) ** i, g.logprobs, None, g.allowed)
                for i, (p, g) in enumerate(zip(prompts, gens))]
     cfg = grpo.GRPOConfig(lr=1e-3, mini_batch_size=1024, kl_coef=0.0, sd_loss="reverse-kl", sd_coef=1.0)
-    out = grpo.update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), samples, cfg, pad_id=tok.pad_token_id)
+    out = grpo.update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), samples, cfg,
+                      pad_id=tok.pad_token_id)
     assert out["actor/ratio"] == 1.0 and out["actor/clipfrac"] == 0.0
-    assert out["actor/rollout_logprob_gap"] < 1e-5  # the update's masked forward equals the sampling log-probs
+    # the update's masked forward equals the sampling log-probs
+    assert out["actor/rollout_logprob_gap"] < 1e-5
 
 
 def _counting_forwards(model):
@@ -82,8 +87,9 @@ def _counting_forwards(model):
 
 
 def test_forced_tokens_cost_no_decode_step(tiny):
-    """Only tokens where the trie leaves a choice are decoded: a single allowed action needs no forward at all, and
-    a batch needs fewer forwards than token-by-token decoding; every forced token has log-prob exactly 0."""
+    """Only tokens where the trie leaves a choice are decoded: a single allowed action needs no forward at
+    all, and a batch needs fewer forwards than token-by-token decoding; every forced token has log-prob
+    exactly 0."""
     model, tok = tiny
     engine = HFEngine(model, tok, SamplingConfig(max_new_tokens=24), batch_size=4)
     prompts = [chat_ids(tok, f"Turn {i}.") for i in range(4)]

@@ -1,4 +1,5 @@
-"""Tests of router.py on hand-built trajectories: matchers, reference bank, state summary, teacher-context text.
+"""Tests of router.py on hand-built trajectories: matchers, reference bank, state summary, teacher-context
+text.
 
 Run: .venv/bin/python -m pytest tests/test_router.py -q
 """
@@ -10,10 +11,11 @@ import typing
 import pytest
 
 from fakes import turn
-from records import Match, Step, Trajectory
+from records import WITHOUT_REFERENCE, Match, Step, Trajectory
+from router import matches as match_turns
 from router import (
-    CONTEXT_BLOCKS, MATCHER_ALIASES, MATCHERS, ReferenceBank, RouterConfig, match_all, match_state, match_structured,
-    prefix_at, route, route_metrics, skill_text, state_summary, teacher_context, window_at,
+    CONTEXT_BLOCKS, MATCHERS, ReferenceBank, RouterConfig, match_all, match_state, match_structured,
+    prefix_at, route_metrics, skill_text, state_summary, teacher_context, window_at,
 )
 
 
@@ -37,9 +39,9 @@ def turns_of(traj):
 
 
 def routed(turns, bank, matcher, rng=None, window=2, references="all"):
-    """router.route with a RouterConfig of `matcher`, history window `window` and `references`."""
+    """router.matches with a RouterConfig of `matcher`, history window `window` and `references`."""
     cfg = RouterConfig(matcher=matcher, history_window=window, references=references)
-    return route(turns, bank, cfg, rng or random.Random(0))
+    return match_turns(turns, bank, cfg, rng or random.Random(0))
 
 
 def metrics_of(turns, matches, bank):
@@ -60,10 +62,12 @@ S2 = alf(CAB, holding=("mug 1",))
 S3 = alf(COFFEE, holding=("mug 1",))
 D = alf(DRAWER)
 REF = trajectory("ref", [(S0, "o:middle", "go to cabinet 1"), (S1, "o:cabinet", "take mug 1 from cabinet 1"),
-                         (S2, "o:took", "go to coffeemachine 1"), (S3, "o:coffee", "put mug 1 in/on coffeemachine 1")])
+                         (S2, "o:took", "go to coffeemachine 1"),
+                         (S3, "o:coffee", "put mug 1 in/on coffeemachine 1")])
 # The student detours to the drawer, then reaches cabinet 1 by another path and continues like the reference.
 DETOUR = trajectory("stu", [(S0, "o:middle", "go to drawer 1"), (D, "o:drawer", "go to cabinet 1"),
-                            (S1, "o:cabinet", "take mug 1 from cabinet 1"), (S2, "o:took", "go to coffeemachine 1")],
+                            (S1, "o:cabinet", "take mug 1 from cabinet 1"),
+                            (S2, "o:took", "go to coffeemachine 1")],
                     success=False)
 
 
@@ -86,15 +90,17 @@ def test_history_full_misses_a_state_reached_by_another_path_that_structured_fin
     matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "history-full", random.Random(0))
     assert positions(matches) == [("ref", 0, "go to cabinet 1"), None, None, None]
     # Following the reference's exact prefix is matched by history too, at the same positions as structured.
-    follower = trajectory("f", [(S0, "o:middle", "go to cabinet 1"), (S1, "o:cabinet", "look")], success=False)
+    follower = trajectory("f", [(S0, "o:middle", "go to cabinet 1"), (S1, "o:cabinet", "look")],
+                          success=False)
     both = [positions(routed(turns_of(follower), bank_with(REF), m, random.Random(0)))
             for m in ("history-full", "history", "structured")]
-    assert both[0] == both[1] == both[2] == [("ref", 0, "go to cabinet 1"), ("ref", 1, "take mug 1 from cabinet 1")]
+    assert (both[0] == both[1] == both[2]
+            == [("ref", 0, "go to cabinet 1"), ("ref", 1, "take mug 1 from cabinet 1")])
 
 
 def test_repeated_reference_state_matches_its_last_occurrence():
-    loop = trajectory("loop", [(S0, "a", "go to cabinet 1"), (S1, "b", "go to drawer 1"), (D, "c", "go to cabinet 1"),
-                               (S1, "b", "take mug 1 from cabinet 1")])
+    loop = trajectory("loop", [(S0, "a", "go to cabinet 1"), (S1, "b", "go to drawer 1"),
+                               (D, "c", "go to cabinet 1"), (S1, "b", "take mug 1 from cabinet 1")])
     student = turn("t0", "stu", 5, Step(S1, "x", "o", "a"))
     assert match_structured(student, [loop]) == Match(loop, 3, "take mug 1 from cabinet 1")
 
@@ -118,12 +124,13 @@ def test_subgoals_in_another_order_are_not_matched_where_the_state_differs():
     # Same locations and holdings as the reference, but other goal conditions hold: only the start matches.
     assert positions(routed(turns_of(student), bank, "structured", random.Random(0))) == [
         ("ref2", 0, "go to cabinet 1"), None, None, None, None, None]
-    assert all(m is not None for m in routed(turns_of(student), bank, "all", random.Random(0)))
+    assert all(m is not None for m in routed(turns_of(student), bank, "with-reference", random.Random(0)))
 
 
 def test_random_selects_as_many_turns_as_structured_among_tasks_with_a_reference():
     other_task = trajectory("u", [(alf(MIDDLE, task="t1"), "", "look")] * 3, task="t1", success=False)
-    batch = [DETOUR, trajectory("stu3", [(S1, "", "x"), (D, "", "y"), (S3, "", "z")], success=False), other_task]
+    batch = [DETOUR, trajectory("stu3", [(S1, "", "x"), (D, "", "y"), (S3, "", "z")], success=False),
+             other_task]
     bank = bank_with(REF, *batch)
     turns = [t for traj in batch for t in turns_of(traj)]
     n_structured = sum(m is not None for m in routed(turns, bank, "structured", random.Random(0)))
@@ -143,7 +150,7 @@ def test_random_selects_as_many_turns_as_structured_among_tasks_with_a_reference
 
 
 def test_all_and_none():
-    matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "all", random.Random(0))
+    matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "with-reference", random.Random(0))
     assert positions(matches) == [("ref", i, REF.steps[i].action) for i in range(4)]
     long_turn = turn("t0", "stu", 9, DETOUR.steps[0])
     assert match_all(long_turn, [REF]).position == 3  # beyond the reference's end: its last step
@@ -152,34 +159,37 @@ def test_all_and_none():
 
 def test_every_matcher_the_flag_allows_has_one_entry_in_the_dispatch_table():
     literal = typing.get_args(typing.get_type_hints(RouterConfig)["matcher"])[0]
+    from config import MATCHER_ALIASES  # the old names, mapped by config.resolve only
     assert set(typing.get_args(literal)) == set(MATCHERS) | set(MATCHER_ALIASES)
     assert set(MATCHER_ALIASES.values()) <= set(MATCHERS)
 
 
 def test_never_self_reference():
     bank = bank_with(REF)
-    for matcher in ("structured", "history", "history-full", "all", "random", "none"):
+    for matcher in ("structured", "history", "history-full", "with-reference", "random", "none"):
         assert routed(turns_of(REF), bank, matcher, random.Random(0)) == [None] * 4
     # Even when handed directly to a matcher.
     own = turns_of(REF)[:2]
-    assert match_structured(own[1], [REF]) is None and match_state(own, [[REF]] * 2, prefix_at) == [None, None]
+    assert (match_structured(own[1], [REF]) is None
+            and match_state(own, [[REF]] * 2, prefix_at) == [None, None])
     assert match_state(own, [[REF]] * 2, functools.partial(window_at, h=2)) == [None, None]
     twin = Trajectory("t0", "twin", REF.steps, True, REF.final_observation)
     matches = routed(turns_of(REF), bank_with(REF, twin), "structured", random.Random(0))
     assert [m.ref.traj_id for m in matches] == ["twin"] * 4
 
 
-# The prompt's view: the student opens a drawer first, then does what the reference does. From the coffee machine on,
-# its last two (observation, action) pairs and its observation are the reference's at position 3, so the windowed
-# history matcher (h = 2) matches there; the state differs (drawer 1 is open), so structured does not, and the full
-# prefix differs, so history-full cannot either.
+# The prompt's view: the student opens a drawer first, then does what the reference does. From the coffee
+# machine on, its last two (observation, action) pairs and its observation are the reference's at position 3,
+# so the windowed history matcher (h = 2) matches there; the state differs (drawer 1 is open), so structured
+# does not, and the full prefix differs, so history-full cannot either.
 OPEN = ("drawer 1",)
 LOOKALIKE = trajectory("look", [
     (S0, "o:middle", "go to drawer 1"), (D, "o:drawer", "open drawer 1"),
     (alf(DRAWER, opened=OPEN), "o:opened", "go to cabinet 1"),
     (alf(CAB, opened=OPEN), "o:cabinet", "take mug 1 from cabinet 1"),
     (alf(CAB, holding=("mug 1",), opened=OPEN), "o:took", "go to coffeemachine 1"),
-    (alf(COFFEE, holding=("mug 1",), opened=OPEN), "o:coffee", "put mug 1 in/on coffeemachine 1")], success=False)
+    (alf(COFFEE, holding=("mug 1",), opened=OPEN), "o:coffee", "put mug 1 in/on coffeemachine 1")],
+                       success=False)
 
 
 def test_windowed_history_can_disagree_with_structured_where_the_full_prefix_cannot():
@@ -192,11 +202,14 @@ def test_windowed_history_can_disagree_with_structured_where_the_full_prefix_can
     assert got["structured"] == got["history-full"] == start + [None] * 5
     # h = 1 sees even less of the past: the take-mug turn looks like the reference's too
     assert positions(routed(turns, bank, "history", random.Random(0), window=1)) == \
-        start + [None] * 3 + [("ref", 2, "go to coffeemachine 1"), ("ref", 3, "put mug 1 in/on coffeemachine 1")]
+        start + [None] * 3 + [("ref", 2, "go to coffeemachine 1"),
+                              ("ref", 3, "put mug 1 in/on coffeemachine 1")]
     # a window reaching back to the drawer sees the difference
     assert positions(routed(turns, bank, "history", random.Random(0), window=4)) == start + [None] * 5
-    # and the other direction (test above): a state reached by another path is found by structured, not by history
-    assert positions(routed(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0), window=2))[2] is None
+    # and the other direction (test above): a state reached by another path is found by structured,
+    # not by history
+    assert positions(routed(turns_of(DETOUR), bank_with(REF, DETOUR), "history", random.Random(0),
+                            window=2))[2] is None
     # the window is the student's own earlier turns, read from the batch whatever their order
     assert routed(turns[::-1], bank, "history", random.Random(0), window=2)[::-1] == \
         routed(turns, bank, "history", random.Random(0), window=2)
@@ -206,13 +219,14 @@ def test_every_distils_each_turn_with_or_without_a_reference_and_first_restricts
     other = trajectory("u", [(alf(MIDDLE, task="t1"), "", "look")] * 2, task="t1", success=False)
     bank = bank_with(REF, DETOUR, other)
     turns = turns_of(DETOUR) + turns_of(other)
-    matches = routed(turns, bank, "every", random.Random(0))
-    assert positions(matches[:4]) == positions(routed(turns_of(DETOUR), bank, "all", random.Random(0)))
-    assert matches[4:] == [Match(None, -1, "")] * 2
+    matches = routed(turns, bank, "every-turn", random.Random(0))
+    assert positions(matches[:4]) == positions(routed(turns_of(DETOUR), bank, "with-reference", random.Random(0)))
+    assert matches[4:] == [WITHOUT_REFERENCE] * 2
     metrics = metrics_of(turns, matches, bank)
     assert (metrics["router/matched_turns"], metrics["router/matched_turns/group"],
             metrics["router/matched_turns/none"]) == (6.0, 4.0, 2.0)
-    # references = first: only the one FullPath-SD shows (c, the shortest), so states only `a` holds go unmatched
+    # references = first: only the one FullPath-SD shows (c, the shortest),
+    # so states only `a` holds go unmatched
     a = trajectory("a", [(S0, "", "go to cabinet 1"), (S2, "", "go to coffeemachine 1")])
     c = trajectory("c", [(S0, "", "go to drawer 1")])
     student = trajectory("s", [(S0, "", "x"), (S2, "", "y")], success=False)
@@ -230,8 +244,8 @@ def test_route_metrics_count_matches_by_reference_source():
     bank.add_planner(trajectory("plan", REF_PATH_ALF_SHORT, task="t2"))
     turns = [turn("t0", "s", 0, Step(S0, "", "", "")), turn("t2", "s2", 0, Step(S0, "", "", ""))]
     m = metrics_of(turns, routed(turns, bank, "structured", random.Random(0)), bank)
-    assert (m["router/matched_turns/archive"], m["router/matched_turns/planner"], m["router/matched_turns/group"]) \
-        == (1.0, 1.0, 0.0)
+    assert (m["router/matched_turns/archive"], m["router/matched_turns/planner"],
+            m["router/matched_turns/group"]) == (1.0, 1.0, 0.0)
 
 
 REF_PATH_ALF_SHORT = [(S0, "o:middle", "go to cabinet 1")]
@@ -240,7 +254,8 @@ REF_PATH_ALF_SHORT = [(S0, "o:middle", "go to cabinet 1")]
 # ---------------------------------------------------------------------------------------------- bank
 
 def short(traj_id, n, task="t0", success=True):
-    return trajectory(traj_id, [(alf(CAB, task=task), "", f"a{k}") for k in range(n)], task=task, success=success)
+    return trajectory(traj_id, [(alf(CAB, task=task), "", f"a{k}") for k in range(n)], task=task,
+                      success=success)
 
 
 def test_bank_archive_is_bounded_fifo_of_earlier_steps():
@@ -267,7 +282,8 @@ def test_bank_selection_order_is_group_then_archive_then_planner_shortest_then_i
     # The first reference that matches wins (deviation 1): "c" lacks the state, "a" has it.
     a = trajectory("a", [(S0, "", "go to cabinet 1"), (S2, "", "go to coffeemachine 1")])
     c = trajectory("c", [(S0, "", "go to drawer 1")])
-    assert match_structured(turn("t0", "stu", 0, Step(S2, "", "", "")), [c, a]) == Match(a, 1, "go to coffeemachine 1")
+    assert (match_structured(turn("t0", "stu", 0, Step(S2, "", "", "")), [c, a])
+            == Match(a, 1, "go to coffeemachine 1"))
 
 
 def test_bank_state_dict_round_trip_through_json():
@@ -284,7 +300,8 @@ def test_bank_state_dict_round_trip_through_json():
     assert restored.references("ws", "")[0].steps[0].signature == WS_SIG  # tuples again, hashable
     hash(restored.references("ws", "")[0].steps[0].signature)
     turns = turns_of(DETOUR)
-    assert routed(turns, restored, "structured", random.Random(0)) == routed(turns, bank, "structured", random.Random(0))
+    assert (routed(turns, restored, "structured", random.Random(0))
+            == routed(turns, bank, "structured", random.Random(0)))
 
 
 def test_route_metrics():
@@ -298,9 +315,10 @@ def test_route_metrics():
 
 # ---------------------------------------------------------------------------------------------- text
 
-FULL_ALF = (("task", "alfworld/gen-train/00012"), ("location", ("cabinet 1", "cabinet 2")), ("holding", ("mug 2",)),
-            ("opened", ("cabinet 1", "drawer 3")), ("placed", (("apple 1", "fridge 1"),)),
-            ("states", (("mug 2", "clean"), ("apple 1", "cool"))), ("progress", ("apple 1 in fridge 1", "mug 2 clean")))
+FULL_ALF = (("task", "alfworld/gen-train/00012"), ("location", ("cabinet 1", "cabinet 2")),
+            ("holding", ("mug 2",)), ("opened", ("cabinet 1", "drawer 3")),
+            ("placed", (("apple 1", "fridge 1"),)), ("states", (("mug 2", "clean"), ("apple 1", "cool"))),
+            ("progress", ("apple 1 in fridge 1", "mug 2 clean")))
 WS_SIG = (("task", "webshop/00123"), ("page", "item"), ("keywords", ("red", "shoes")), ("results_page", 2),
           ("item", "B07X"), ("options", (("color", "red"), ("size", "9"))))
 REF_PATH_WS = [(WS_SIG, "item page", "click[buy now]")]
@@ -323,8 +341,9 @@ def test_summary_renders_every_alfworld_field():
 
 def test_summary_renders_every_webshop_field_and_unknown_fields():
     assert state_summary(WS_SIG + (("extra", ("a", ("b", 1), None)),)) == (
-        "Task: webshop/00123.\nYou are on the item page.\nSearch keywords: red, shoes.\nResults page number: 2.\n"
-        "Item opened: B07X.\nOptions selected: color = red, size = 9.\nextra: (a, (b, 1), none)")
+        "Task: webshop/00123.\nYou are on the item page.\nSearch keywords: red, shoes.\n"
+        "Results page number: 2.\nItem opened: B07X.\nOptions selected: color = red, size = 9.\n"
+        "extra: (a, (b, 1), none)")
     start = (("task", "webshop/1"), ("page", "sub:description"), ("keywords", ()), ("results_page", None),
              ("item", None), ("options", ()))
     assert state_summary(start) == (
@@ -346,29 +365,31 @@ SUMMARY_TEXT = ("[Privileged: summary of your current state]\n"
                 "No goal condition is satisfied yet.")
 CANDIDATE_TEXT = ("[Privileged: candidate next action]\n"
                   "The successful trajectory's action at its step 3: <action>go to coffeemachine 1</action>")
-SLOT = "[[student prompt]]"
+SLOT = "[[student prompt]]"  # stands for the student's ordinary prompt
 CLOSING = "Use this information to choose the best next action for the current situation above."
 
 
 @pytest.mark.parametrize("variant,blocks", [
-    ("fullpath", [TRAJ_TEXT, SLOT]), ("summary", [TRAJ_TEXT, SLOT, SUMMARY_TEXT]),
-    ("candidate", [TRAJ_TEXT, SLOT, CANDIDATE_TEXT]), ("full", [TRAJ_TEXT, SLOT, SUMMARY_TEXT, CANDIDATE_TEXT])])
+    ("trajectory", [TRAJ_TEXT, SLOT]), ("summary", [TRAJ_TEXT, SLOT, SUMMARY_TEXT]),
+    ("candidate", [TRAJ_TEXT, SLOT, CANDIDATE_TEXT]),
+    ("smrc", [TRAJ_TEXT, SLOT, SUMMARY_TEXT, CANDIDATE_TEXT])])
 def test_teacher_context_exact_text(variant, blocks):
     match = Match(REF, 2, REF.steps[2].action)
-    assert teacher_context(variant, REF, match, S2) == "\n\n".join(blocks + [CLOSING])
+    assert teacher_context(variant, REF, match, S2).around(SLOT) == "\n\n".join(blocks + [CLOSING])
 
 
 def test_teacher_context_needs_the_match_for_the_candidate():
     assert set(CONTEXT_BLOCKS) == {"trajectory", "summary", "candidate", "smrc", "skill"}
-    assert teacher_context("fullpath", REF, None, S2).startswith(TRAJ_TEXT)
+    assert teacher_context("trajectory", REF, None, S2).before == (TRAJ_TEXT,)
     with pytest.raises(AssertionError):
-        teacher_context("full", REF, None, S2)
+        teacher_context("smrc", REF, None, S2)
 
 
 
 def _random_batch(seed: int):
-    """Random walks over a few states per task, so references revisit states (last occurrence), students match at
-    varied positions, some tasks have no reference, and the students' own successes are in the bank (self-match)."""
+    """Random walks over a few states per task, so references revisit states (last occurrence), students match
+    at varied positions, some tasks have no reference, and the students' own successes are in the bank
+    (self-match)."""
     rng = random.Random(seed)
     sigs = [alf(MIDDLE), alf(CAB), alf(DRAWER), alf(CAB, holding=("mug 1",)), alf(COFFEE, holding=("mug 1",))]
 
@@ -376,8 +397,10 @@ def _random_batch(seed: int):
         return trajectory(traj_id, [(rng.choice(sigs), f"o{rng.randrange(3)}", f"a{rng.randrange(4)}")
                                     for _ in range(n)], task=task, success=success)
     bank = ReferenceBank(archive_size=2)
-    bank.add_group([walk(f"t{k}", f"old{k}-{i}", rng.randint(1, 8), True) for k in range(3) for i in range(3)])
-    students = [walk(f"t{k}", f"s{k}-{i}", rng.randint(1, 10), rng.random() < 0.4) for k in range(5) for i in range(4)]
+    bank.add_group([walk(f"t{k}", f"old{k}-{i}", rng.randint(1, 8), True) for k in range(3)
+                    for i in range(3)])
+    students = [walk(f"t{k}", f"s{k}-{i}", rng.randint(1, 10), rng.random() < 0.4) for k in range(5)
+                for i in range(4)]
     bank.add_group(students)
     planned = walk("t1", "planner-t1", 6, True)
     bank.add_planner(planned)
@@ -388,7 +411,7 @@ def test_route_equals_the_matchers_applied_turn_by_turn():
     """`route` indexes every reference once and sorts the references once per task: the same matches as each
     matcher applied to each turn with bank.references (the definition), on random batches."""
     naive = {"structured": match_structured, "history-full": lambda t, r: match_state([t], [r], prefix_at)[0],
-             "all": match_all}
+             "with-reference": match_all}
     for seed in range(20):
         turns, bank = _random_batch(seed)
         refs = [bank.references(t.task_id, exclude_traj_id=t.traj_id) for t in turns]
@@ -412,11 +435,13 @@ def test_skill_context_is_general_then_task_type_skill_for_every_type():
     general = skill_text("alfworld", ALF_TYPES[0]).split("\n\n")[0]
     texts = {t: skill_text("alfworld", t) for t in ALF_TYPES}
     assert len(set(texts.values())) == 6 and all(x.startswith(general + "\n\n") for x in texts.values())
-    assert "sinkbasin" in texts["pick_clean_then_place_in_recep"] and "fridge" in texts["pick_cool_then_place_in_recep"]
+    assert ("sinkbasin" in texts["pick_clean_then_place_in_recep"]
+            and "fridge" in texts["pick_cool_then_place_in_recep"])
     assert skill_text("webshop", "webshop").startswith("General skills for web shopping")
-    ctx = teacher_context("skill", None, Match(None, -1, ""), S2, texts[ALF_TYPES[1]])
-    assert ctx == "[Privileged: skills for this kind of task]\n" + texts[ALF_TYPES[1]] + "\n\n" + SLOT + "\n\n" + CLOSING
+    ctx = teacher_context("skill", None, WITHOUT_REFERENCE, S2, texts[ALF_TYPES[1]]).around(SLOT)
+    assert (ctx == "[Privileged: skills for this kind of task]\n" + texts[ALF_TYPES[1]] + "\n\n" + SLOT
+            + "\n\n" + CLOSING)
     with pytest.raises(FileNotFoundError):
         skill_text("alfworld", "no_such_type")
     with pytest.raises(AssertionError):  # a trajectory context without a reference
-        teacher_context("fullpath", None, None, S2)
+        teacher_context("trajectory", None, None, S2)

@@ -30,9 +30,10 @@ from test_smrc import metrics, run
 
 ROOT = Path(__file__).resolve().parents[1]
 # the cheapest real training step: one task group of two rollouts of two turns, in-process envs, GRPO without
-# planner references (what is tested here, the loop's saving, logging and resuming, is the same for every algo)
-SMALL = ["--preset", "tiny", "--algo", "grpo", "--router.no-seed-with-planner", "--rollout.tasks-per-step", "1",
-         "--rollout.group-size", "2", "--alfworld.max-steps", "2", "--alfworld.num-workers", "0",
+# planner references (what is tested here, the loop's saving, logging and resuming, is the same for
+# every algo)
+SMALL = ["--preset", "tiny", "--algo", "grpo", "--router.no-seed-with-planner", "--rollout.tasks-per-step",
+         "1", "--rollout.group-size", "2", "--alfworld.max-steps", "2", "--alfworld.num-workers", "0",
          "--save-every", "1"]
 
 

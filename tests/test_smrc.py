@@ -39,8 +39,21 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def smrc_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smrc")
-    run(*FAST, "--steps", "2", "--save-every", "1", "--output-dir", str(out))
+    proc = run(*FAST, "--steps", "2", "--save-every", "1", "--output-dir", str(out))
+    (out / "stdout.txt").write_text(proc.stdout)
     return out
+
+
+def test_the_end_of_a_run_says_what_it_made_and_how_to_evaluate_it(smrc_run):
+    """One last line: the newest checkpoint, the metrics file and an evaluate.py command for it that parses."""
+    last = (smrc_run / "stdout.txt").read_text().strip().splitlines()[-1]
+    ckpt = smrc_run / "step_000002"
+    assert last == (f"[smrc] done: checkpoint {ckpt}, metrics {smrc_run / 'metrics.jsonl'}; evaluate it with: "
+                    f"python evaluate.py eval --checkpoint {ckpt} --split eval --k 4")
+    import tyro
+    from evaluate import EvalArgs
+    args = tyro.cli(EvalArgs, args=last.split("python evaluate.py eval ", 1)[1].split())
+    assert ([Path(c) for c in args.checkpoint], args.split, args.k) == ([ckpt], "eval", 4)
 
 
 def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(smrc_run):

@@ -1,5 +1,5 @@
-"""teacher.py: exact response alignment after a longer privileged prefix, no autograd, same weights, length budget,
-and teacher_signal building requests from matches only.
+"""teacher.py: exact response alignment after a longer privileged prefix, no autograd, same weights, length
+budget, and teacher_signal building requests from matches only.
 
 Run: pytest tests/test_teacher.py -q
 """
@@ -15,6 +15,7 @@ import teacher
 from fakes import teacher_requests, turn
 from models import action_trie, allowed_per_position, chat_ids
 from records import Step
+from router import TeacherContext
 from teacher import TeacherConfig, teacher_user_text
 
 
@@ -55,7 +56,8 @@ def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
         assert len(lp) == R
         assert torch.allclose(torch.tensor(lp), expected[:, 0], atol=1e-4)
     assert stats["sd/over_length_turns"] == 0
-    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(context, user_text))) + len(response)
+    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text)))
+                                             + len(response)
                                              for user_text, context, response in reqs)
 
 
@@ -67,8 +69,10 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
     reqs = _requests(tok)[:1]
     before, _ = _score(m, tok, reqs)
     assert grad_modes == [False] and all(p.grad is None for p in m.parameters())
-    with torch.no_grad():  # change the policy's weights: the teacher must see the change (same weights, no copy)
-        m.lm_head.weight.mul_(2.0) if not m.config.tie_word_embeddings else m.model.embed_tokens.weight.mul_(2.0)
+    # change the policy's weights: the teacher must see the change (same weights, no copy)
+    with torch.no_grad():
+        (m.lm_head.weight.mul_(2.0) if not m.config.tie_word_embeddings
+         else m.model.embed_tokens.weight.mul_(2.0))
     after, _ = _score(m, tok, reqs)
     hook.remove()
     assert not torch.allclose(torch.tensor(before[0]), torch.tensor(after[0]))
@@ -77,7 +81,7 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
 def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     model, tok = tiny
     reqs = _requests(tok)
-    lengths = [len(chat_ids(tok, teacher_user_text(context, user_text))) for user_text, context, _ in reqs]
+    lengths = [len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text))) for user_text, context, _ in reqs]
     budget = sorted(lengths)[1]  # the longest prompt is over the budget
     scored, stats = _score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
     over = [i for i, n in enumerate(lengths) if n > budget]
@@ -86,8 +90,9 @@ def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
 
 
 def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny):
-    """teacher_signal with the skill context: each turn's teacher prompt holds its own task type's skill file (and the
-    environment's general one), a turn matched without a reference (matcher `every`) is distilled, None is not."""
+    """teacher_signal with the skill context: each turn's teacher prompt holds its own task type's skill file
+    (and the environment's general one), a turn matched without a reference (matcher `every`) is distilled,
+    None is not."""
     model, tok = tiny
     seen = []
 
@@ -106,7 +111,7 @@ def test_skill_context_reaches_the_teacher_by_task_type_without_a_reference(tiny
         assert text.index(router.SKILL_TEMPLATE.split("\n")[0]) < text.index("student prompt")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The oracle teacher (1−α)·π_s + α·δ_c and the candidate-gain diagnostic
 
 P = [0.5, 0.4, 0.8]  # the student's conditionals of y_1, y_2, y_3; π_s(y_≤t) = 0.5, 0.2, 0.16
@@ -129,16 +134,20 @@ def test_oracle_logprobs_equal_a_hand_computation(alpha, y, expected):
 
 def test_oracle_on_a_truncated_or_longer_response_and_its_sequence_probability():
     lp = [math.log(p) for p in P]
-    assert teacher.oracle_logprobs(lp[:2], [5, 6], [5, 6, 7], 0.5) == pytest.approx([math.log(0.75), math.log(0.8)])
-    longer = teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6], 0.5)  # y goes on after c ended: the student from there
+    assert (teacher.oracle_logprobs(lp[:2], [5, 6], [5, 6, 7], 0.5)
+            == pytest.approx([math.log(0.75), math.log(0.8)]))
+    # y goes on after c ended: the student from there
+    longer = teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6], 0.5)
     assert longer == pytest.approx([math.log(0.75), math.log(0.8), math.log(0.5 * 0.16 / 0.6)])
     # on c itself the conditionals multiply to (1−α)·π_s(c) + α (what candidate_gain uses)
-    assert sum(teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6, 7], 0.3)) == pytest.approx(math.log(0.7 * 0.16 + 0.3))
+    assert (sum(teacher.oracle_logprobs(lp, [5, 6, 7], [5, 6, 7], 0.3))
+            == pytest.approx(math.log(0.7 * 0.16 + 0.3)))
 
 
 def _routed(tok):
-    """Two turns of one task under restricted decoding, matched to a reference whose candidates are 'go to fridge 1'
-    (admissible at turn 0) and 'open fridge 1' (not admissible at turn 1), and one unmatched turn."""
+    """Two turns of one task under restricted decoding, matched to a reference whose candidates are
+    'go to fridge 1' (admissible at turn 0) and 'open fridge 1' (not admissible at turn 1), and one unmatched
+    turn."""
     ref = router.Trajectory("t", "ref", [router.Step(("s0",), "", "o0", "go to fridge 1"),
                                          router.Step(("s1",), "", "o1", "open fridge 1")], True)
     admissible = [["go to fridge 1", "go to table 1", "look"], ["look", "go to table 1"], ["look"]]
@@ -147,8 +156,8 @@ def _routed(tok):
         resp = teacher.candidate_ids(tok, adm[-1])
         turns.append(turn(
             "t", "student", i, Step((f"s{i}",), "", f"o{i}", adm[-1]), task_type="pick_and_place_simple",
-            user_text=f"student prompt {i}", prompt_ids=chat_ids(tok, f"student prompt {i}"), response_ids=resp,
-            sample_logprobs=[-0.5] * len(resp), admissible=adm,
+            user_text=f"student prompt {i}", prompt_ids=chat_ids(tok, f"student prompt {i}"),
+            response_ids=resp, sample_logprobs=[-0.5] * len(resp), admissible=adm,
             allowed=allowed_per_position(action_trie(tok, [envs.action_response(a) for a in adm]), resp)))
     return turns, [router.Match(ref, 0, "go to fridge 1"), router.Match(ref, 1, "open fridge 1"), None]
 
@@ -167,7 +176,7 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -0.25)
-    lp, stats = _signal(turns, matches, "full", tok, TeacherConfig(oracle=0.5), scorer)
+    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(oracle=0.5), scorer)
     assert lp[2] is None and stats["sd/distilled_turns"] == 2 and stats["sd/teacher_tokens"] == 0
     for i in (0, 1):  # each turn's own sampled tokens against its candidate's tokens
         c = teacher.candidate_ids(tok, matches[i].candidate)
@@ -176,38 +185,39 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
     (prompts, responses, allowed), = calls
     c = teacher.candidate_ids(tok, "go to fridge 1")
     assert prompts == [turns[0].prompt_ids] and responses == [c] and stats["sd/candidate_turns"] == 1
-    assert allowed == [allowed_per_position(action_trie(tok, [envs.action_response(a) for a in turns[0].admissible]),
-                                            c)]
+    assert allowed == [allowed_per_position(
+        action_trie(tok, [envs.action_response(a) for a in turns[0].admissible]), c)]
     s = -0.25 * len(c)  # log π_θ(c); the oracle's log π_T(c) = log(0.5·π_θ(c) + 0.5)
     assert stats["sd/candidate_gain_sum"] == pytest.approx(math.log(0.5 * math.exp(s) + 0.5) - s)
-    with pytest.raises(ValueError, match="oracle needs a reference candidate"):
-        _signal(turns, [router.Match(None, -1, "")] * 3, "skill", tok, TeacherConfig(oracle=0.5), scorer)
 
 
 def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(tiny):
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -1.0 if len(calls) == 3 else -3.0)  # the teacher pass of c: -1
-    lp, stats = _signal(turns, matches, "full", tok, TeacherConfig(), scorer)
+    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(), scorer)
     assert [len(x) for x in calls[0][:2]] == [2, 2]  # the distillation pass: both matched turns
     student, cand_teacher = calls[1], calls[2]
     c = teacher.candidate_ids(tok, "go to fridge 1")
-    assert student[0] == [turns[0].prompt_ids] and cand_teacher[0] == [calls[0][0][0]]  # ordinary vs teacher prompt
+    # ordinary vs teacher prompt
+    assert student[0] == [turns[0].prompt_ids] and cand_teacher[0] == [calls[0][0][0]]
     assert student[1] == cand_teacher[1] == [c] and student[2] == cand_teacher[2]
     assert stats["sd/candidate_gain_sum"] == pytest.approx(2.0 * len(c)) and stats["sd/candidate_turns"] == 1
-    _, off = _signal(turns, matches, "full", tok, TeacherConfig(candidate_gain=False), scorer)
+    _, off = _signal(turns, matches, "smrc", tok, TeacherConfig(candidate_gain=False), scorer)
     assert "sd/candidate_turns" not in off
 
 
-def test_teacher_message_puts_the_prompt_in_the_contexts_slot():
-    """router.teacher_context: trajectory, then the student's prompt, then the state's blocks and the closing line."""
+def test_teacher_message_puts_the_prompt_between_the_static_and_the_state_blocks():
+    """router.teacher_context: trajectory, then the student's prompt,
+    then the state's blocks and the closing line."""
     import router
     ref = router.Trajectory("t", "r", [router.Step((("task", "t"),), "", "o1", "go to desk 1")], True, "done")
     match = router.Match(ref, 0, "go to desk 1")
-    text = teacher_user_text(router.teacher_context("full", ref, match, ref.steps[0].signature), "PROMPT")
+    text = teacher_user_text(router.teacher_context("smrc", ref, match, ref.steps[0].signature), "PROMPT")
     order = [text.index(x) for x in ("[Privileged: a successful trajectory", "PROMPT",
-                                     "[Privileged: summary", "<action>go to desk 1</action>", router.CLOSING_TEMPLATE)]
-    assert order == sorted(order) and router.PROMPT_SLOT not in text
+                                     "[Privileged: summary", "<action>go to desk 1</action>",
+                                     router.CLOSING_TEMPLATE)]
+    assert order == sorted(order)
 
 
 def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():

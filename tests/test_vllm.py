@@ -1,16 +1,18 @@
 """vllm_engine.py against the transformers path on the embedded tiny model (float32, CPU).
 
-- Sampling log-probs returned by vLLM equal log softmax(logits / T) of the transformers forward (models.collate +
-  models.token_logprobs) on the same prompt + response, also with top-k / top-p on (full-vocabulary semantics).
-- After an optimizer step on the transformers model and `sync_weights`, vLLM's greedy outputs and log-probs are those
-  of the updated model (and they changed).
+- Sampling log-probs returned by vLLM equal log softmax(logits / T) of the transformers forward
+  (models.collate + models.token_logprobs) on the same prompt + response, also with top-k / top-p on
+  (full-vocabulary semantics).
+- After an optimizer step on the transformers model and `sync_weights`, vLLM's greedy outputs and log-probs
+  are those of the updated model (and they changed).
 - vLLM teacher scoring (`prompt_logprobs`) equals the transformers teacher on the same requests, both through
   `teacher.score` (the over-length rule included).
-Tolerance: 1e-4 absolute on log-probs (observed ~1e-6; vLLM's CPU kernels and transformers' sdpa differ only in
-float32 summation order).
+Tolerance: 1e-4 absolute on log-probs (observed ~1e-6; vLLM's CPU kernels and transformers' sdpa differ only
+in float32 summation order).
 
-Skips (with a reason) where vLLM is not installed. One engine serves the module (start-up is ~20 s); every test loads
-the weights it compares against with `sync_weights` first, so the tests do not depend on their order.
+Skips (with a reason) where vLLM is not installed. One engine serves the module (start-up is ~20 s);
+every test loads the weights it compares against with `sync_weights` first, so the tests do not depend on
+their order.
 Run: VLLM_CPU_KVCACHE_SPACE=1 pytest tests/test_vllm.py -q   (~1.5 min on 2 cores)
 """
 import copy
@@ -34,7 +36,8 @@ from teacher import TeacherConfig  # noqa: E402
 
 ATOL = 1e-4
 TEXTS = ["Your task is to: put a clean mug in coffeemachine.", "go to fridge 1",
-         "You arrive at cabinet 1. The cabinet 1 is closed. Your admissible actions are: ['open cabinet 1', 'look']"]
+         "You arrive at cabinet 1. The cabinet 1 is closed. "
+         "Your admissible actions are: ['open cabinet 1', 'look']"]
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +77,11 @@ def test_sampling_logprobs_match_the_transformers_forward(engine, tiny, cfg):
     for g in gens:  # the Generation contract HFEngine follows
         assert len(g.response_ids) == len(g.logprobs) > 0
         ends_with_eos = g.response_ids[-1] == tok.eos_token_id
-        assert g.truncated == (not ends_with_eos) and (ends_with_eos or len(g.response_ids) == cfg.max_new_tokens)
+        assert (g.truncated == (not ends_with_eos)
+                and (ends_with_eos or len(g.response_ids) == cfg.max_new_tokens))
         assert tok.eos_token_id not in g.response_ids[:-1]
-    expected = _trainer_logprobs(model, prompts, [g.response_ids for g in gens], tok.pad_token_id, cfg.temperature)
+    expected = _trainer_logprobs(model, prompts, [g.response_ids for g in gens], tok.pad_token_id,
+                                 cfg.temperature)
     gap = vllm_engine.logprob_gap(gens, expected)
     assert gap["rollout/logprob_gap_tokens"] == sum(len(g.response_ids) for g in gens)
     assert gap["rollout/logprob_gap_max"] < ATOL, gap
@@ -125,7 +130,8 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
     cfg = TeacherConfig(max_prompt_tokens=lengths[-2])  # the longest teacher prompt is over budget
     hf = teacher.hf_logprob_fn(model, tok.pad_token_id, cfg.micro_batch_tokens, temperature)
     expected, hf_stats = teacher.score_turns(prompts, turns, cfg, hf)
-    # the same student prompts were just generated from, so a prefix cache would hold them: scoring must not use it
+    # the same student prompts were just generated from, so a prefix cache would hold them:
+    # scoring must not use it
     engine.generate(prompts)
     got, stats = teacher.score_turns(prompts, turns, cfg, teacher.vllm_logprob_fn(engine, temperature))
     assert [g is None for g in got] == [e is None for e in expected] == [False, False, False, True]
@@ -138,46 +144,50 @@ def test_vllm_teacher_scoring_equals_teacher_py(engine, tiny, temperature):
 
 
 def test_smrc_tiny_preset_runs_two_steps_on_vllm(tmp_path):
-    """The training loop end to end with vLLM generating the rollouts and scoring the teacher (prompt log-probs),
-    weights synced after every update: the sampling log-probs equal the trainer's forward (float32)."""
+    """The training loop end to end with vLLM generating the rollouts and scoring the teacher (prompt
+    log-probs), weights synced after every update: the sampling log-probs equal the trainer's forward
+    (float32)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(root / "smrc.py"), "--preset", "tiny", "--rollout.engine", "vllm",
-                           "--teacher.backend", "vllm", "--rollout.action-space", "free", "--rollout.tasks-per-step",
-                           "2", "--rollout.group-size", "3",
+    proc = subprocess.run([sys.executable, str(root / "smrc.py"), "--preset", "tiny", "--rollout.engine",
+                           "vllm", "--teacher.backend", "vllm", "--rollout.action-space", "free",
+                           "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",
                            "--alfworld.max-steps", "4", "--steps", "2", "--output-dir", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["actor/rollout_logprob_gap"] < 1e-4           # vLLM's sampling log-probs vs the trainer's forward
+        assert r["actor/rollout_logprob_gap"] < 1e-4  # vLLM's sampling log-probs vs the trainer's forward
         assert r["sd/distilled_turns"] > 0 and r["sd/teacher_tokens"] > 0
 
 
 def test_torchrun_fsdp_with_vllm_rollouts_runs_two_steps(tmp_path):
-    """FSDP2 (parameters sharded over 2 gloo ranks) with vLLM rollouts and teacher scoring per rank; the checkpoint
-    gathers the full weights (every parameter trained, none left sharded) and loads with from_pretrained."""
+    """FSDP2 (parameters sharded over 2 gloo ranks) with vLLM rollouts and teacher scoring per rank; the
+    checkpoint gathers the full weights (every parameter trained, none left sharded) and loads with
+    from_pretrained."""
     import json
     import subprocess
     import sys
     from pathlib import Path
     from transformers import AutoModelForCausalLM
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(root / "smrc.py"), "--preset", "tiny", "--dist.strategy", "fsdp", "--rollout.engine",
-                           "vllm", "--teacher.backend", "vllm", "--rollout.action-space", "free", "--rollout.tasks-per-step", "2",
-                           "--rollout.group-size", "2", "--alfworld.max-steps", "3", "--alfworld.num-workers", "1",
-                           "--steps", "2", "--output-dir", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           "2", str(root / "smrc.py"), "--preset", "tiny", "--dist.strategy", "fsdp",
+                           "--rollout.engine", "vllm", "--teacher.backend", "vllm", "--rollout.action-space",
+                           "free", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
+                           "--alfworld.max-steps", "3", "--alfworld.num-workers", "1", "--steps", "2",
+                           "--output-dir", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/tokens"] > 0 for r in rows)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "step_000002")
-    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))  # the tiny preset's starting model
+    # the tiny preset's starting model
+    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))
     pairs = list(zip(model.named_parameters(), initial.parameters()))
     assert len(pairs) == len(list(initial.parameters())) and all(p.shape == q.shape for (_, p), q in pairs)
     unchanged = [n for (n, p), q in pairs if torch.equal(p, q)]
@@ -195,9 +205,10 @@ def test_evaluate_with_the_vllm_engine_equals_the_transformers_engine_when_greed
     reports = {}
     for eng in ("hf", "vllm"):
         out = tmp_path / eng
-        proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny", "--preset",
-                               "tiny", "--engine", eng, "--action-space", "free", "--temperature", "0", "--k", "1",
-                               "--limit", "2", "--max-steps", "3", "--tasks-per-batch", "1", "--output", str(out)],
+        proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny",
+                               "--preset", "tiny", "--engine", eng, "--action-space", "free", "--temperature",
+                               "0", "--k", "1", "--limit", "2", "--max-steps", "3", "--tasks-per-batch", "1",
+                               "--output", str(out)],
                               cwd=root, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         reports[eng] = json.loads(Path(str(out) + ".json").read_text())
@@ -214,8 +225,9 @@ def test_evaluate_with_the_vllm_engine_refuses_restricted_decoding(tmp_path):
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny", "--preset", "tiny",
-                           "--engine", "vllm", "--limit", "1", "--output", str(tmp_path / "x")],
+    proc = subprocess.run([sys.executable, str(root / "evaluate.py"), "eval", "--baseline", "tiny",
+                           "--preset", "tiny", "--engine", "vllm", "--limit", "1", "--output",
+                           str(tmp_path / "x")],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "error: --engine vllm generates freely" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr

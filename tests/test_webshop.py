@@ -1,10 +1,11 @@
-"""WebShop (environments/webshop*.py): the embedded engine's exact pages, transitions, reward, oracle, signatures,
-prompt, official adapter.
+"""WebShop (environments/webshop*.py): the embedded engine's exact pages, transitions, reward, oracle,
+signatures, prompt, official adapter.
 
-What is pinned: golden transcripts of every page type for the default seeds (upstream WebShop's page strings), the
-invalid-action and step-limit rules, get_reward against hand-computed values (and each documented deviation), the
-oracle on 100 eval goals, the planner working in the run's own shop, signatures that see option clicks the text
-hides, verl-agent's prompt text. The adapter on a duck-typed and on the real WebAgentTextEnv: test_webshop_official.py.
+What is pinned: golden transcripts of every page type for the default seeds (upstream WebShop's page strings),
+the invalid-action and step-limit rules, get_reward against hand-computed values (and each documented
+deviation), the oracle on 100 eval goals, the planner working in the run's own shop, signatures that see
+option clicks the text hides, verl-agent's prompt text. The adapter on a duck-typed and on the real
+WebAgentTextEnv: test_webshop_official.py.
 
 Run: .venv/bin/python -m pytest tests/test_webshop.py -q   (about 2 s on CPU)
 """
@@ -19,8 +20,8 @@ from envs import StepResult, Task
 from environments import webshop, webshop_catalog, webshop_engine, webshop_reward
 
 CFG = webshop.WebShopConfig()
-INSTR = ("i would like hidden zipper throw pillow covers with machine wash with color: pink, and size: 20 x 20 inch, "
-         "and price lower than 40.00 dollars")
+INSTR = ("i would like hidden zipper throw pillow covers with machine wash with color: pink, and "
+         "size: 20 x 20 inch, and price lower than 40.00 dollars")
 HEAD = f"Instruction: [SEP] {INSTR} [SEP] Back to Search"
 RESULTS_1 = (
     f"{HEAD} [SEP] Page 1 (Total results: 33) [SEP] Next > [SEP] "
@@ -46,20 +47,21 @@ RESULTS_2 = (
     "B09MIY4X4I [SEP] Umbra Throw Pillow Covers Hidden Zipper Soft Velvet [SEP] $34.13 [SEP] "
     "B0TSOURI5K [SEP] Umbra Throw Pillow Covers Soft Velvet Machine Wash [SEP] $27.66 [SEP] "
     "B0IZRF8S7K [SEP] Gallow Throw Pillow Covers Hidden Zipper Soft Velvet [SEP] $15.87")
-ITEM = (f"{HEAD} [SEP] < Prev [SEP] color [SEP] green [SEP] pink [SEP] size [SEP] 18 x 18 inch [SEP] 20 x 20 inch "
-        "[SEP] Juno Throw Pillow Covers Decorative Hidden Zipper [SEP] Price: $11.67 [SEP] Rating: N.A. [SEP] "
-        "Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
-DESCRIPTION = (f"{HEAD} [SEP] < Prev [SEP] This throw pillow covers from Juno is decorative and hidden zipper. "
-               "It is also machine wash. A thoughtful gift for friends and family.")
+ITEM = (f"{HEAD} [SEP] < Prev [SEP] color [SEP] green [SEP] pink [SEP] size [SEP] 18 x 18 inch [SEP] "
+        "20 x 20 inch [SEP] Juno Throw Pillow Covers Decorative Hidden Zipper [SEP] Price: $11.67 [SEP] "
+        "Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+DESCRIPTION = (f"{HEAD} [SEP] < Prev [SEP] This throw pillow covers from Juno is decorative and hidden "
+               "zipper. It is also machine wash. A thoughtful gift for friends and family.")
 FEATURES = (f"{HEAD} [SEP] < Prev [SEP] Decorative [SEP] Hidden zipper [SEP] Machine wash [SEP] "
             "A thoughtful gift for friends and family.")
 REVIEWS = f"{HEAD} [SEP] < Prev"
-DONE = ('Thank you for shopping with us! [SEP] Your code: [SEP] None [SEP] (Paste it in your MTurk interface.) [SEP] '
-        'Purchased [SEP] asin [SEP] B00CK2EQK2 [SEP] options [SEP] {"color": "pink", "size": "20 x 20 inch"} [SEP] '
-        'attrs [SEP] None [SEP] category [SEP] None [SEP] query [SEP] None [SEP] product category [SEP] None [SEP] '
-        'Target [SEP] asin [SEP] options [SEP] attrs [SEP] price upper [SEP] instuction text [SEP] category [SEP] '
-        'product category [SEP] query [SEP] Goal [SEP] None [SEP] Reward [SEP] Your score (min 0.0, max 1.0) [SEP] '
-        '1.0 [SEP] Reward Details [SEP] None')
+DONE = ('Thank you for shopping with us! [SEP] Your code: [SEP] None [SEP] '
+        '(Paste it in your MTurk interface.) [SEP] Purchased [SEP] asin [SEP] B00CK2EQK2 [SEP] options [SEP] '
+        '{"color": "pink", "size": "20 x 20 inch"} [SEP] attrs [SEP] None [SEP] category [SEP] None [SEP] '
+        'query [SEP] None [SEP] product category [SEP] None [SEP] Target [SEP] asin [SEP] options [SEP] '
+        'attrs [SEP] price upper [SEP] instuction text [SEP] category [SEP] product category [SEP] '
+        'query [SEP] Goal [SEP] None [SEP] Reward [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0 [SEP] '
+        'Reward Details [SEP] None')
 ITEM_ACTIONS = ['click[back to search]', 'click[< prev]', 'click[description]', 'click[features]',
                 'click[reviews]', 'click[buy now]', 'click[green]', 'click[pink]', 'click[18 x 18 inch]',
                 'click[20 x 20 inch]']
@@ -81,7 +83,7 @@ def _field(res: StepResult, name: str):
     return dict(res.signature)[name]
 
 
-# ---------------------------------------------------------------------------------------------- catalogue, goals
+# ------------------------------------------------------------------------------------------- catalogue, goals
 
 def test_catalogue_and_goal_counts_are_pinned_and_deterministic():
     shop = webshop_catalog.build_products(1000, 0)
@@ -102,7 +104,8 @@ def test_goals_follow_get_synthetic_goals():
         p = s.by_asin[g['asin']]
         assert sorted(g['goal_options']) == list(g['goal_options']) == sorted(p['options'])
         bound = [x for x in webshop_catalog.PRICE_RANGE if x > s.prices[g['asin']]][:4]
-        assert g['price_upper'] in bound[1:]  # the larger of two distinct draws is never the smallest candidate
+        # the larger of two distinct draws is never the smallest candidate
+        assert g['price_upper'] in bound[1:]
         opts = ', and '.join(f'{k}: {v}' for k, v in g['goal_options'].items())
         assert g['instruction_text'] == (p['instruction_text'] + (f' with {opts}' if opts else '')
                                          + f", and price lower than {g['price_upper']:.2f} dollars")
@@ -113,11 +116,11 @@ def test_goals_follow_get_synthetic_goals():
 
 
 def test_wrong_option_values_match_only_in_three_upstream_quirks():
-    """Within a product, a value other than the goal's almost never matches a goal option under WebShop's option
-    reward (goal options as (name, value) pairs, token_set_ratio > 85, see webshop_reward). The exceptions in this
-    catalogue are upstream's own fuzziness and the real reward agrees: 'large' for the goal size 'x-large' (a token
-    subset) and the rugs' '3 x 5 ft' / '5 x 7 ft' (ratio 86). Option values never occur in the product text
-    (catalogue deviation 1)."""
+    """Within a product, a value other than the goal's almost never matches a goal option under WebShop's
+    option reward (goal options as (name, value) pairs, token_set_ratio > 85, see webshop_reward). The
+    exceptions in this catalogue are upstream's own fuzziness and the real reward agrees: 'large' for the goal
+    size 'x-large' (a token subset) and the rugs' '3 x 5 ft' / '5 x 7 ft' (ratio 86). Option values never
+    occur in the product text (catalogue deviation 1)."""
     s = webshop_catalog.build_shop(CFG.num_products, CFG.catalog_seed, CFG.goal_seed)
     quirks = set()
     for p in s.products:
@@ -131,7 +134,8 @@ def test_wrong_option_values_match_only_in_three_upstream_quirks():
                 assert webshop_reward.get_option_reward([v], [(name, v)])[1] == 1
                 quirks |= {(name, v, w) for w in values if w != v
                            and webshop_reward.get_option_reward([w], [(name, v)])[1]}
-    assert quirks == {('size', 'x-large', 'large'), ('size', '3 x 5 ft', '5 x 7 ft'), ('size', '5 x 7 ft', '3 x 5 ft')}
+    assert quirks == {('size', 'x-large', 'large'), ('size', '3 x 5 ft', '5 x 7 ft'),
+                      ('size', '5 x 7 ft', '3 x 5 ft')}
     assert webshop_reward.token_set_ratio('5 x 7 ft', ('size', '3 x 5 ft')) == 86
 
 
@@ -143,8 +147,8 @@ def test_bm25_ranks_matching_products_first_and_caps_at_50():
 
 
 def test_special_search_prefixes_are_webshops():
-    """get_top_n_product_from_keywords' '<q> query' / '<c> category' lists (uncapped), '<r>' 50 random (catalogue
-    deviation 4), '<a>' nothing (deviation 5: upstream's text env crashes there)."""
+    """get_top_n_product_from_keywords' '<q> query' / '<c> category' lists (uncapped), '<r>' 50 random
+    (catalogue deviation 4), '<a>' nothing (deviation 5: upstream's text env crashes there)."""
     s = webshop_catalog.build_shop(CFG.num_products, CFG.catalog_seed, CFG.goal_seed)
     shoes = s.search(['<q>', "men's", 'running', 'shoes'])
     assert shoes == [p for p in s.products if p['query'] == "men's running shoes"] and len(shoes) > 0
@@ -154,17 +158,18 @@ def test_special_search_prefixes_are_webshops():
     assert webshop_catalog.tokenize("Men's Shoes, a Glass") == ['men', 'shoe', 'glass']
 
 
-# ---------------------------------------------------------------------------------------------- golden transcript
+# ------------------------------------------------------------------------------------------ golden transcript
 
 def test_golden_transcript_of_every_page(env, task0):
     res = env.reset(task0)
     assert res.info['raw_observation'] == f"WebShop [SEP] Instruction: [SEP] {INSTR} [SEP] Search"
     assert res.observation == "'Search'" and res.goal == INSTR
     assert res.admissible == ['search[<your query>]', 'click[search]']
-    script = [("search[throw pillow covers]", RESULTS_1), ("click[next >]", RESULTS_2), ("click[< prev]", RESULTS_1),
-              ("click[b00ck2eqk2]", ITEM), ("click[description]", DESCRIPTION), ("click[< prev]", ITEM),
-              ("click[features]", FEATURES), ("click[< prev]", ITEM), ("click[reviews]", REVIEWS),
-              ("click[< prev]", ITEM), ("click[green]", ITEM), ("click[pink]", ITEM), ("click[20 x 20 inch]", ITEM)]
+    script = [("search[throw pillow covers]", RESULTS_1), ("click[next >]", RESULTS_2),
+              ("click[< prev]", RESULTS_1), ("click[b00ck2eqk2]", ITEM), ("click[description]", DESCRIPTION),
+              ("click[< prev]", ITEM), ("click[features]", FEATURES), ("click[< prev]", ITEM),
+              ("click[reviews]", REVIEWS), ("click[< prev]", ITEM), ("click[green]", ITEM),
+              ("click[pink]", ITEM), ("click[20 x 20 inch]", ITEM)]
     for action, page in script:
         res = env.step(action)
         assert res.info['raw_observation'] == page, action
@@ -184,7 +189,8 @@ def test_results_clickables_follow_the_page(env, task0):
     res = env.step("search[throw pillow covers]")
     assert res.admissible[:3] == ['click[back to search]', 'click[next >]', 'click[b00ck2eqk2]']
     res = env.step("click[next >]")
-    assert res.admissible[:4] == ['click[back to search]', 'click[< prev]', 'click[next >]', 'click[b0kf4srqnz]']
+    assert (res.admissible[:4]
+            == ['click[back to search]', 'click[< prev]', 'click[next >]', 'click[b0kf4srqnz]'])
     for _ in range(3):
         res = env.step("click[next >]")  # 33 results: page 5 is empty but `Next >` is still there
     assert res.info['raw_observation'] == f"{HEAD} [SEP] Page 5 (Total results: 33) [SEP] < Prev [SEP] Next >"
@@ -195,8 +201,8 @@ def test_results_clickables_follow_the_page(env, task0):
 
 def test_invalid_actions_are_noops_with_zero_reward(env, task0):
     start = env.reset(task0)
-    for action in ["click[buy now]", "click[search]", "search[]", "foo", "Search[pillow]", "click[b00ck2eqk2]",
-                   "click[next >]", ""]:
+    for action in ["click[buy now]", "click[search]", "search[]", "foo", "Search[pillow]",
+                   "click[b00ck2eqk2]", "click[next >]", ""]:
         res = env.step(action)
         assert res.info['raw_observation'] == start.info['raw_observation'], action
         assert (res.reward, res.done, res.signature) == (0.0, False, start.signature)
@@ -214,12 +220,13 @@ def test_search_works_from_any_page_and_click_arguments_are_lowercased(env, task
     assert res.info['raw_observation'] == ITEM and _field(res, 'item') == 'B00CK2EQK2'
     env.step("click[description]")
     res = env.step("search[Throw Pillow Covers]")  # from a sub page, no search bar shown
-    assert res.info['raw_observation'] == RESULTS_1 and _field(res, 'keywords') == ('throw', 'pillow', 'covers')
+    assert (res.info['raw_observation'] == RESULTS_1
+            and _field(res, 'keywords') == ('throw', 'pillow', 'covers'))
 
 
 def test_page_type_and_attributes_page_follow_simserver(env, task0):
-    """get_page_name finds the page names anywhere in the URL, keywords included; the Attributes sub page (reachable
-    upstream with show_attrs) lists the attributes, then category, query and product category."""
+    """get_page_name finds the page names anywhere in the URL, keywords included; the Attributes sub page
+    (reachable upstream with show_attrs) lists the attributes, then category, query and product category."""
     base = webshop_engine.BASE_URL
     assert webshop_engine.page_name(f'{base}/item_page/0/B0X/search_results+x/1/{{}}') == 'search_results'
     assert webshop_engine.page_name(f'{base}/item_sub_page/0/B0X/done/1/Features/{{}}') == 'item_sub_page'
@@ -238,7 +245,8 @@ def test_navigation_keeps_or_clears_session_state(env, task0):
     env.step("click[next >]")
     env.step("click[b0kf4srqnz]")
     res = env.step("click[< prev]")  # item -> the same results page
-    assert _field(res, 'page') == 'results' and _field(res, 'results_page') == 2 and _field(res, 'item') is None
+    assert (_field(res, 'page') == 'results' and _field(res, 'results_page') == 2
+            and _field(res, 'item') is None)
     env.step("click[< prev]")
     env.step("click[b00ck2eqk2]")
     env.step("click[green]")
@@ -247,8 +255,8 @@ def test_navigation_keeps_or_clears_session_state(env, task0):
     res = env.step("click[< prev]")  # sub page -> the item, options kept
     assert _field(res, 'page') == 'item' and _field(res, 'options') == (('color', 'pink'),)
     res = env.step("click[back to search]")
-    assert res.signature == (('task', task0.task_id), ('page', 'search'), ('keywords', ()), ('results_page', None),
-                             ('item', None), ('options', ()))
+    assert res.signature == (('task', task0.task_id), ('page', 'search'), ('keywords', ()),
+                             ('results_page', None), ('item', None), ('options', ()))
     assert res.info['raw_observation'] == f"WebShop [SEP] Instruction: [SEP] {INSTR} [SEP] Search"
 
 
@@ -274,8 +282,9 @@ def test_default_step_limit_is_15(env, task0):
 
 SHOE = {'asin': 'B000TEST01', 'query': "men's running shoes", 'product_category': 'Clothing › Men › Shoes',
         'name': "Acme Men's Running Shoes Lightweight Breathable",
-        'Title': "Acme Men's Running Shoes Lightweight Breathable", 'BulletPoints': ['Rubber sole', 'Lace up'],
-        'Description': 'Great shoes.', 'Attributes': ['lightweight', 'breathable', 'rubber sole']}
+        'Title': "Acme Men's Running Shoes Lightweight Breathable",
+        'BulletPoints': ['Rubber sole', 'Lace up'], 'Description': 'Great shoes.',
+        'Attributes': ['lightweight', 'breathable', 'rubber sole']}
 GOAL = {'asin': 'B000TEST01', 'query': "men's running shoes", 'product_category': 'Clothing › Men › Shoes',
         'name': SHOE['Title'], 'attributes': ['lightweight', 'rubber sole'],
         'goal_options': {'color': 'navy blue', 'size': '10'}, 'price_upper': 50.0}
@@ -305,21 +314,21 @@ def test_reward_of_wrong_products():
     assert reward == pytest.approx(0.2)
     assert info['title_score'] == pytest.approx(1 / 6) and info['category_match'] and not info['query_match']
     # no shared category level, title_score 1/6 in [0.1, 0.2]: r_type 0.5 -> 1/5 * 0.5
-    rack = {**walking, 'query': 'shoe rack', 'product_category': 'Home › Storage', 'name': 'Garden Shoes Rack',
-            'Title': 'Garden Shoes Rack'}
+    rack = {**walking, 'query': 'shoe rack', 'product_category': 'Home › Storage',
+            'name': 'Garden Shoes Rack', 'Title': 'Garden Shoes Rack'}
     assert webshop_reward.get_reward(rack, GOAL, 30.0, {})[0] == pytest.approx(0.1)
     # nothing shared at all: title_score 0 -> r_type 0
     tea = {**rack, 'name': 'Green Tea Bags', 'Title': 'Green Tea Bags', 'product_category': 'Grocery › Tea'}
     reward, info = webshop_reward.get_reward(tea, GOAL, 5.0, {})
     assert (reward, info['r_type']) == (0.0, 0.0)
-    assert set(info) == {'r_type', 'r_att', 'w_att', 'query_match', 'category_match', 'title_score', 'r_option',
-                         'w_option', 'r_price', 'w_price'}
+    assert set(info) == {'r_type', 'r_att', 'w_att', 'query_match', 'category_match', 'title_score',
+                         'r_option', 'w_option', 'r_price', 'w_price'}
 
 
 def test_reward_deviations_are_as_documented():
     # 1. title nouns: alphabetic tokens of >= 2 letters that are not function words
-    assert webshop_reward.title_nouns("Men's Running Shoes for the Gym, 2 Pack") == ['men', 'running', 'shoes',
-                                                                                   'gym', 'pack']
+    assert (webshop_reward.title_nouns("Men's Running Shoes for the Gym, 2 Pack")
+            == ['men', 'running', 'shoes', 'gym', 'pack'])
     # 2. token_set_ratio as thefuzz computes it (hand-computed Indel ratios, rounded)
     assert webshop_reward.token_set_ratio('pack of 2', 'pack of 3') == 89  # 2*8/(9+9) = 88.9
     assert webshop_reward.token_set_ratio('Rubber Sole!', 'sole rubber') == 100
@@ -352,7 +361,8 @@ def test_signature_sees_option_clicks_the_text_does_not(env, task0):
     assert plain.observation == green.observation == pink.observation
     assert len({plain.signature, green.signature, pink.signature}) == 3
     assert _field(pink, 'options') == (('color', 'pink'),)
-    assert [name for name, _ in pink.signature] == ['task', 'page', 'keywords', 'results_page', 'item', 'options']
+    assert ([name for name, _ in pink.signature]
+            == ['task', 'page', 'keywords', 'results_page', 'item', 'options'])
     sub = env.step("click[features]")
     assert _field(sub, 'page') == 'sub:features'
 
@@ -385,14 +395,16 @@ def test_plan_continues_from_any_prefix(env, task0):
     elsewhere = webshop.plan(task0, ["search[office chair]", "click[back to search]"], 5.0, CFG)
     assert elsewhere.status == "ok" and elsewhere.actions == full.actions
     assert webshop.plan(task0, prefix + rest.actions, 5.0, CFG).actions == []  # already won
-    assert webshop.plan(task0, prefix[:3] + ["click[buy now]"], 5.0, CFG).status == "unsolvable"  # bought wrong
+    # bought wrong
+    assert webshop.plan(task0, prefix[:3] + ["click[buy now]"], 5.0, CFG).status == "unsolvable"
     tight = webshop.WebShopConfig(max_steps=6)
     assert webshop.plan(task0, ["foo"] * 3, 5.0, tight).status == "unsolvable"  # 5 steps needed, 3 left
 
 
 def test_planner_plans_in_the_runs_shop_not_the_default_one():
-    """--router.seed-with-planner on a non-default catalogue: the dispatcher passes the run's config to the planner,
-    so the reference comes from the shop the student plays in (it used to fall back to WebShopConfig())."""
+    """--router.seed-with-planner on a non-default catalogue: the dispatcher passes the run's config to the
+    planner, so the reference comes from the shop the student plays in (it used to fall back to
+    WebShopConfig())."""
     other = webshop.WebShopConfig(catalog_seed=1)
     task = envs.load_tasks(other, "eval")[3]
     p = envs.plan(other, task, [])
@@ -401,28 +413,31 @@ def test_planner_plans_in_the_runs_shop_not_the_default_one():
     env = envs.make_env(dataclasses.replace(other, max_steps=10**6))
     ref = rollout.reference(env, task, p.actions)
     assert ref is not None and ref.success and len(ref.steps) == len(p.actions)
-    assert not rollout.replay(env, task, webshop.oracle_actions(task, CFG)).won  # the default shop's plan fails here
+    # the default shop's plan fails here
+    assert not rollout.replay(env, task, webshop.oracle_actions(task, CFG)).won
     env.close()
 
 
 # ---------------------------------------------------------------------------------------------- prompt
 
-NO_HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \nYour task "
-          "is to: {task_description}.\nYour current observation is: {current_observation}.\nYour admissible actions "
-          "of the current situation are: \n[\n{available_actions}\n].\n\nNow it's your turn to take one action for "
-          "the current step.\nYou should first reason step-by-step about the current situation, then think "
-          "carefully which admissible action best advances the shopping goal. This reasoning process MUST be "
-          "enclosed within <think> </think> tags. \nOnce you've finished your reasoning, you should choose an "
-          "admissible action for current step and present it within <action> </action> tags.\n")
-HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\nYour task is to: "
-       "{task_description}.\nPrior to this step, you have already taken {step_count} step(s). Below are the most "
-       "recent {history_length} observations and the corresponding actions you took: {action_history}\nYou are now "
-       "at step {current_step} and your current observation is: {current_observation}.\nYour admissible actions of "
-       "the current situation are: \n[\n{available_actions}\n].\n\nNow it's your turn to take one action for the "
-       "current step.\nYou should first reason step-by-step about the current situation, then think carefully "
-       "which admissible action best advances the shopping goal. This reasoning process MUST be enclosed within "
-       "<think> </think> tags. \nOnce you've finished your reasoning, you should choose an admissible action for "
-       "current step and present it within <action> </action> tags.\n")
+NO_HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \n"
+          "Your task is to: {task_description}.\nYour current observation is: {current_observation}.\n"
+          "Your admissible actions of the current situation are: \n[\n{available_actions}\n].\n\n"
+          "Now it's your turn to take one action for the current step.\nYou should first reason step-by-step "
+          "about the current situation, then think carefully which admissible action best advances the "
+          "shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \n"
+          "Once you've finished your reasoning, you should choose an admissible action for current step and "
+          "present it within <action> </action> tags.\n")
+HIS = ("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\n"
+       "Your task is to: {task_description}.\nPrior to this step, you have already taken {step_count} "
+       "step(s). Below are the most recent {history_length} observations and the corresponding actions you "
+       "took: {action_history}\nYou are now at step {current_step} and your current observation is: "
+       "{current_observation}.\nYour admissible actions of the current situation are: "
+       "\n[\n{available_actions}\n].\n\nNow it's your turn to take one action for the current step.\n"
+       "You should first reason step-by-step about the current situation, then think carefully which "
+       "admissible action best advances the shopping goal. This reasoning process MUST be enclosed within "
+       "<think> </think> tags. \nOnce you've finished your reasoning, you should choose an admissible action "
+       "for current step and present it within <action> </action> tags.\n")
 
 
 def test_prompt_is_verl_agents_webshop_template():

@@ -1,26 +1,28 @@
 """The WebShop adapter against the REAL `WebAgentTextEnv` of princeton-nlp/WebShop, differentially against the
 embedded engine (environments/webshop_engine.py).
 
-The real class is imported from a WebShop checkout (code only, no data) at $WEBSHOP_SRC (or $WEBSHOP_ROOT); the test
-is skipped without one, or when flask, beautifulsoup4, gym or thefuzz are not importable (they are not in
-requirements.txt: `pip install --target /tmp/ws flask beautifulsoup4 gym==0.26.2 thefuzz` and put /tmp/ws on
-PYTHONPATH). Nothing from the checkout is copied into this repository: the test copies the checkout's
-`web_agent_site/` into a temporary folder (its data paths are relative to the package) and writes WebShop's three data
-files there from the embedded catalogue, in WebShop's raw scraped format.
+The real class is imported from a WebShop checkout (code only, no data) at $WEBSHOP_SRC (or $WEBSHOP_ROOT);
+the test is skipped without one, or when flask, beautifulsoup4, gym or thefuzz are not importable (they are
+not in requirements.txt: `pip install --target /tmp/ws flask beautifulsoup4 gym==0.26.2 thefuzz` and put
+/tmp/ws on PYTHONPATH). Nothing from the checkout is copied into this repository: the test copies the
+checkout's `web_agent_site/` into a temporary folder (its data paths are relative to the package) and writes
+WebShop's three data files there from the embedded catalogue, in WebShop's raw scraped format.
 
-What is real: WebAgentTextEnv, SimServer, SimBrowser, the Jinja templates, BeautifulSoup's html -> text conversion,
-the action parser, load_products, and get_reward with the real thefuzz. What stands in for what cannot be installed
-offline, each as small as possible:
-- pyserini's LuceneSearcher (Java + a Lucene index): a searcher that returns the embedded shop's BM25 ranking, so
-  the result lists are the same by construction (search *ranking* is not compared, only the pages around it);
+What is real: WebAgentTextEnv, SimServer, SimBrowser, the Jinja templates, BeautifulSoup's html -> text
+conversion, the action parser, load_products, and get_reward with the real thefuzz. What stands in for what
+cannot be installed offline, each as small as possible:
+- pyserini's LuceneSearcher (Java + a Lucene index): a searcher that returns the embedded shop's BM25
+  ranking, so the result lists are the same by construction (search *ranking* is not compared, only the pages
+  around it);
 - spaCy's en_core_web_sm (loaded at import by engine/goal.py): a tagger that tags as NOUN exactly the tokens
   webshop_reward.title_nouns keeps (reward deviation 1), so title_score is comparable;
 - torch (only used with get_image), cleantext and rank_bm25 (imported, unused by the text env) when missing;
 - `web_agent_site.envs` is registered as a bare package so its __init__ (selenium, the HTML env) does not run.
-After construction the server's goals and reward prices are replaced by the embedded shop's (upstream draws them from
-the unseeded global RNG; test_webshop.py pins our goal synthesis separately).
+After construction the server's goals and reward prices are replaced by the embedded shop's (upstream draws
+them from the unseeded global RNG; test_webshop.py pins our goal synthesis separately).
 
-Run: WEBSHOP_SRC=/path/to/WebShop PYTHONPATH=/tmp/ws .venv/bin/python -m pytest tests/test_webshop_official.py -q
+Run:
+WEBSHOP_SRC=/path/to/WebShop PYTHONPATH=/tmp/ws .venv/bin/python -m pytest tests/test_webshop_official.py -q
 """
 import importlib
 import importlib.util
@@ -53,10 +55,12 @@ def task0():
 def raw_item(p: dict) -> dict:
     """An embedded product in WebShop's scraped item format (what items_shuffle_1000.json holds)."""
     return {'asin': p['asin'], 'name': p['Title'], 'full_description': p['Description'],
-            'small_description': list(p['BulletPoints']), 'pricing': ' - '.join(f'${x}' for x in p['pricing']),
-            'customization_options': {k: [{'value': v, 'image': None} for v in vs] for k, vs in p['options'].items()},
-            'images': [f"https://example.invalid/{p['asin']}.jpg"], 'category': p['category'], 'query': p['query'],
-            'product_category': p['product_category']}
+            'small_description': list(p['BulletPoints']),
+            'pricing': ' - '.join(f'${x}' for x in p['pricing']),
+            'customization_options': {k: [{'value': v, 'image': None} for v in vs]
+                                      for k, vs in p['options'].items()},
+            'images': [f"https://example.invalid/{p['asin']}.jpg"], 'category': p['category'],
+            'query': p['query'], 'product_category': p['product_category']}
 
 
 def write_data(root: str, shop) -> None:
@@ -126,7 +130,8 @@ def stand_ins(shop, pkg_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    """(WebAgentTextEnv class, goal module) imported from a temporary copy of the checkout, over our catalogue."""
+    """(WebAgentTextEnv class, goal module) imported from a temporary copy of the checkout,
+    over our catalogue."""
     for dep in ('flask', 'bs4', 'gym', 'thefuzz'):
         pytest.importorskip(dep)
     shop = webshop_catalog.build_shop(CFG.num_products, CFG.catalog_seed, CFG.goal_seed)
@@ -176,7 +181,8 @@ def _fields(res):
 def _assert_same(real_res, emb_res, where):
     got, want = _fields(real_res), _fields(emb_res)
     for key in want:
-        assert got[key] == want[key], f"{where}: {key} differs\nreal:     {got[key]!r}\nembedded: {want[key]!r}"
+        assert got[key] == want[key], \
+            f"{where}: {key} differs\nreal:     {got[key]!r}\nembedded: {want[key]!r}"
 
 
 INVALID = ['foo', '', 'search[]', 'click[]', 'click[search]', 'click[nothing here]', 'click[b0notthere]',
@@ -184,12 +190,13 @@ INVALID = ['foo', '', 'search[]', 'click[]', 'click[search]', 'click[nothing her
 
 
 def _next_action(rng, res, words, shop):
-    """A random walk that visits every page type: clicks, searches (plain and WebShop's <q>/<c> forms), invalid
-    actions, mixed-case arguments, occasional purchases."""
+    """A random walk that visits every page type: clicks, searches (plain and WebShop's <q>/<c> forms),
+    invalid actions, mixed-case arguments, occasional purchases."""
     r = rng.random()
     if r < 0.08:
         return rng.choice(INVALID)
-    clicks = [a for a in res.admissible if a.startswith('click[') and a not in ('click[buy now]', 'click[search]')]
+    clicks = [a for a in res.admissible if a.startswith('click[')
+              and a not in ('click[buy now]', 'click[search]')]
     if r < 0.2 or not clicks:
         return f"search[{' '.join(rng.sample(words, rng.randint(1, min(4, len(words)))))}]"
     if r < 0.23:
@@ -203,7 +210,8 @@ def _next_action(rng, res, words, shop):
 
 @needs_checkout
 def test_random_walks_see_the_same_pages_as_the_real_env(real):
-    """20 tasks x 30 steps: every observation, admissible list, URL, signature, reward and verbose_info equal."""
+    """20 tasks x 30 steps: every observation, admissible list, URL, signature,
+    reward and verbose_info equal."""
     cfg = webshop.WebShopConfig(max_steps=30)
     rng = random.Random(0)
     real_env, emb_env = webshop.WebShopEnv(cfg, text_env=real.make()), webshop.WebShopEnv(cfg)
@@ -244,23 +252,31 @@ def test_reward_equals_the_real_get_reward(real):
     items = real.make().server.product_item_dict
     for goal in rng.sample(real.shop.goals, 100):
         same_query = [p for p in real.shop.products if p['query'] == goal['query']]
-        for product in (real.shop.by_asin[goal['asin']], rng.choice(same_query), rng.choice(real.shop.products)):
+        for product in (real.shop.by_asin[goal['asin']], rng.choice(same_query),
+                        rng.choice(real.shop.products)):
             options = {k: rng.choice(vs) for k, vs in product['options'].items() if rng.random() < 0.8}
             price = real.shop.prices[product['asin']]
             want = webshop_reward.get_reward(product, goal, price, options)
-            got = real.goal.get_reward(items[product['asin']], goal, price=price, options=options, verbose=True)
-            assert got[0] == pytest.approx(want[0]) and got[1] == want[1], (goal['asin'], product['asin'], options)
+            got = real.goal.get_reward(items[product['asin']], goal, price=price, options=options,
+                                       verbose=True)
+            assert got[0] == pytest.approx(want[0]) and got[1] == want[1], \
+                (goal['asin'], product['asin'], options)
 
 
-OPTION_CASES = [  # (goal options, purchased options, r_option): upstream's quirks, see webshop_reward's docstring
-    ({'color': 'navy blue'}, {'color': 'royal blue'}, 1.0),  # purchase side 'blue' is a token of "color navy blue"
-    ({'color': 'dark blue'}, {'color': 'dark grey'}, 1.0),   # 'dark grey' -> 'dark', a token of "color dark blue"
+OPTION_CASES = [  # (goal options, purchased options, r_option): upstream's quirks,
+                  # see webshop_reward's docstring
+    ({'color': 'navy blue'}, {'color': 'royal blue'}, 1.0),  # purchase side 'blue' is a token of
+                                                             # "color navy blue"
+    ({'color': 'dark blue'}, {'color': 'dark grey'}, 1.0),   # 'dark grey' -> 'dark', a token of
+                                                             # "color dark blue"
     ({'color': 'grey'}, {'color': 'dark grey'}, 0.0),        # goal ('color', 'grey') -> 'grey' vs 'dark'
-    ({'size': '10.5'}, {'size': '10'}, 1.0),                 # {10} is a subset of {size, 10, 5}: no exact size match
+    ({'size': '10.5'}, {'size': '10'}, 1.0),                 # {10} is a subset of {size, 10, 5}:
+                                                             # no exact size match
     ({'size': '10'}, {'size': '10.5'}, 0.0),
     ({'size': 's', 'color': 'red'}, {'color': 'red'}, 0.5),  # counted per goal option
     ({'color': 'red'}, {'color': 'red', 'size': 'red'}, 1.0),
-    ({'color': 'blue'}, {'color': 'red'}, 0.0),             # 'red' is in the description: no text fall-back here
+    ({'color': 'blue'}, {'color': 'red'}, 0.0),             # 'red' is in the description:
+                                                            # no text fall-back here
 ]
 SHOE = {'Title': 'Trail Shoe', 'name': 'Trail Shoe', 'BulletPoints': ['Grip'], 'Description': 'A red shoe.',
         'Attributes': ['grip'], 'query': 'shoe', 'product_category': 'a › b'}
@@ -287,18 +303,20 @@ def test_option_quirks_equal_the_real_get_reward(real):
 def test_token_set_ratio_equals_thefuzz():
     fuzz = pytest.importorskip('thefuzz.fuzz')
     rng = random.Random(2)
-    words = ['navy', 'blue', 'size', '10', '10.5', 'x', 'Large', 'x-large', 'fl', 'oz', 'pack', 'of', '2', '3',
-             'caf\u00e9', 'na\u00efve\u2019s', 'snake_case', '', '  ', '!!']
-    pairs = [(' '.join(rng.choices(words, k=rng.randint(0, 4))), ' '.join(rng.choices(words, k=rng.randint(0, 4))))
+    words = ['navy', 'blue', 'size', '10', '10.5', 'x', 'Large', 'x-large', 'fl', 'oz', 'pack', 'of', '2',
+             '3', 'caf\u00e9', 'na\u00efve\u2019s', 'snake_case', '', '  ', '!!']
+    pairs = [(' '.join(rng.choices(words, k=rng.randint(0, 4))),
+              ' '.join(rng.choices(words, k=rng.randint(0, 4))))
              for _ in range(800)] + [('blue', ('color', 'navy blue')), ('10', ('size', '10.5'))]
     for a, b in pairs:
         assert webshop_reward.token_set_ratio(a, b) == fuzz.token_set_ratio(a, b), (a, b)
 
 
-# ---------------------------------------------------------------------------------------------- a duck-typed fake
+# ------------------------------------------------------------------------------------------ a duck-typed fake
 
 class FakeWebAgentTextEnv:
-    """Only the surface of web_agent_site's WebAgentTextEnv that the adapter may use; the embedded engine behind."""
+    """Only the surface of web_agent_site's WebAgentTextEnv that the adapter may use;
+    the embedded engine behind."""
 
     def __init__(self, observation_mode='html', num_products=None, human_goals=None, **kwargs):
         assert observation_mode == 'text' and human_goals is False
@@ -330,7 +348,8 @@ def _episode(env, task, actions):
 def test_adapter_on_the_fake_matches_the_embedded_backend(task0):
     actions = ["search[throw pillow covers]", "click[b00ck2eqk2]", "click[pink]", "click[features]",
                "click[< prev]", "click[20 x 20 inch]", "click[buy now]"]
-    fake = _episode(webshop.WebShopEnv(CFG, text_env=FakeWebAgentTextEnv('text', human_goals=False)), task0, actions)
+    fake = _episode(webshop.WebShopEnv(CFG, text_env=FakeWebAgentTextEnv('text', human_goals=False)), task0,
+                    actions)
     real = _episode(webshop.WebShopEnv(CFG), task0, actions)
     assert [(r.observation, r.admissible, r.signature, r.reward, r.done, r.score) for r in fake] == \
         [(r.observation, r.admissible, r.signature, r.reward, r.done, r.score) for r in real]
@@ -346,7 +365,8 @@ def test_official_backend_imports_webagenttextenv_from_webshop_root(tmp_path, ta
         "from test_webshop_official import FakeWebAgentTextEnv as WebAgentTextEnv\n")
     cfg = webshop.WebShopConfig(backend="official", webshop_root=str(tmp_path))
     sys.path.insert(0, str(__import__('pathlib').Path(__file__).parent))
-    cached = {m: sys.modules.pop(m) for m in list(sys.modules) if m.startswith("web_agent_site")}  # the real one
+    # the real one
+    cached = {m: sys.modules.pop(m) for m in list(sys.modules) if m.startswith("web_agent_site")}
     try:
         assert len(envs.load_tasks(cfg, "eval")) == 500 and len(envs.load_tasks(cfg, "train")) == 4789
         env = webshop.WebShopEnv(cfg)

@@ -1,5 +1,6 @@
-"""The probe behind docs/notes.md's issue-40 table: peak resident memory of one SmolLM2-135M forward (+ backward)
-over a random batch, in a fresh process. Usage: python probe_update.py train|score B L CKPT(0/1) [MMAP_THRESHOLD]
+"""The probe behind docs/notes.md's issue-40 table: peak resident memory of one SmolLM2-135M forward
+(+ backward) over a random batch, in a fresh process.
+Usage: python probe_update.py train|score B L CKPT(0/1) [MMAP_THRESHOLD]
 (B rows of L tokens, 20 of them response; MMAP_THRESHOLD: glibc mallopt(M_MMAP_THRESHOLD) before the pass).
 The model folder: $SMOLLM2_DIR (default models/smollm2-135m), embedded/smollm2.py's export."""
 import sys, time, torch, os
@@ -32,4 +33,5 @@ else:
     model.eval()
     with torch.no_grad():
         lp, _ = token_logprobs(model, batch)
-print(f"{mode} B={B} L={L} ckpt={ckpt} tokens={B*L} base={base:.2f}GB peak={hwm():.2f}GB delta={hwm()-base:.2f}GB {time.time()-t:.1f}s attn={model.config._attn_implementation}", flush=True)
+print(f"{mode} B={B} L={L} ckpt={ckpt} tokens={B*L} base={base:.2f}GB peak={hwm():.2f}GB "
+      f"delta={hwm()-base:.2f}GB {time.time()-t:.1f}s attn={model.config._attn_implementation}", flush=True)

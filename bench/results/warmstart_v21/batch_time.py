@@ -1,5 +1,6 @@
-"""Issue 36 item 3: seconds per optimizer step of the tiny-agent build's model (3 layers, width 128) on 16 x 512 tokens
-(the recipe's 8,192 padded tokens a batch) in float32 and under CPU bf16 autocast. Output: batch_time_avx2.txt."""
+"""Issue 36 item 3: seconds per optimizer step of the tiny-agent build's model (3 layers, width 128) on
+16 x 512 tokens (the recipe's 8,192 padded tokens a batch) in float32 and under CPU bf16 autocast. Output:
+batch_time_avx2.txt."""
 import sys, time, torch
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
