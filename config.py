@@ -125,9 +125,10 @@ def resolve(cfg: Config) -> Config:
     return cfg
 
 
-# each preset's λ of the reverse-kl forms (not of the others). learn: the rule fixed before the v8 sweep, the λ at
-# which the SD term's gradient norm equals the GRPO term's, mean over the seed-0 10-step SMRC-SD pilot at λ = 0.3
-# on the warm start (bench/results/smrc_sd_10steps_v8: 0.3 × 0.1000 / 0.1311 = 0.229), to one significant digit
+# each preset's λ of the reverse-kl forms (not of the others). learn: the rule fixed before the v8 sweep, the
+# λ at which the SD term's gradient norm equals the GRPO term's, mean over the seed-0 10-step SMRC-SD pilot at
+# λ = 0.3 on the warm start (bench/results/smrc_sd_10steps_v8: 0.3 × 0.1000 / 0.1311 = 0.229),
+# to one significant digit
 PRESET_SD_COEF = {"tiny": 0.1, "learn": 0.2}
 
 

@@ -4,12 +4,12 @@ What it does (paper "State-matched routing" and "State-contextualized teacher co
 - `ReferenceBank` holds, per task, successful trajectories (records.Trajectory). Sources: the successful
   rollouts of the current group, a bounded archive of earlier successes, and (flag, off by default) planner
   solutions. A trajectory is never its own reference.
-- `route(turns, bank, cfg, rng)` runs the configured matcher (MATCHERS) over a batch of turns and sets, on each
-  turn, `turn.match`: a `Match` (reference, position j, candidate action = the reference's action at j) or None (GRPO signal
-  only): `structured` (signature equality, SMRC-SD), `history` (the prompt's view: the last h (observation,
-  action) pairs and the current observation), `history-full` (the whole action/observation prefix), `random`
-  (control), `with-reference` (FullPath-SD: every turn of a task with a reference), `every-turn` (with or
-  without a reference: the skill-context baselines), `none` (GRPO).
+- `route(turns, bank, cfg, rng)` runs the configured matcher (MATCHERS) over a batch of turns and sets, on
+  each turn, `turn.match`: a `Match` (reference, position j, candidate action = the reference's action at j)
+  or None (GRPO signal only): `structured` (signature equality, SMRC-SD), `history` (the prompt's view: the
+  last h (observation, action) pairs and the current observation), `history-full` (the whole
+  action/observation prefix), `random` (control), `with-reference` (FullPath-SD: every turn of a task with a
+  reference), `every-turn` (with or without a reference: the skill-context baselines), `none` (GRPO).
 - `teacher_context` builds the privileged text around the student's ordinary prompt; every word of it is in
   the module-level templates below (`skill_text` reads the Skill-SD / SDAR skill files under skills/).
 
@@ -254,7 +254,8 @@ def _references(turns: list[Turn], bank: ReferenceBank, first_only: bool = False
     return [r[:1] for r in refs] if first_only else refs
 
 
-def matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig, rng: random.Random) -> list[Match | None]:
+def matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig,
+            rng: random.Random) -> list[Match | None]:
     """One Match or None per turn, in the order given, by the matcher `cfg.matcher` (a resolved name:
     config.resolve). rng is used only by `random`; seed it per step for an exact resume. `history` reads a
     turn's earlier steps from the turns of its trajectory in this batch (every turn of an episode is in
@@ -273,7 +274,8 @@ AUDITED = ("structured", "history")  # the matchers the rollout archive keeps fo
 
 def audited_matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig) -> dict[str, list]:
     """Each audited matcher's matches of `turns` on the same bank (the step's own `turn.match` where the run
-    routes with it: the same deterministic function), for the rollout archive (scale/run_logs.archive_rows)."""
+    routes with it: the same deterministic function), for the rollout archive
+    (scale/run_logs.archive_rows)."""
     return {name: [t.match for t in turns] if cfg.matcher == name else
             matches(turns, bank, replace(cfg, matcher=name), random.Random(0)) for name in AUDITED}
 

@@ -74,7 +74,8 @@ class TeacherConfig:
 
 
 def teacher_user_text(context: router.TeacherContext, user_text: str) -> str:
-    """The teacher's user message: the student's ordinary message inside its context (router.teacher_context)."""
+    """The teacher's user message: the student's ordinary message inside its context
+    (router.teacher_context)."""
     return context.around(user_text)
 
 

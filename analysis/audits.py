@@ -3,24 +3,25 @@
 The archive's rows (scale/run_logs.archive_rows) hold every turn with its routing decision and both audited
 matchers' matches, made by the trainer's routing stage on the step's own bank (router.audited_matches).
 
-- `matcher_comparison(rows)`: on the same archived turns, coverage of the `structured` and `history` matchers, the
-  share of each one's matches that the other reproduces (matches the same turn), and, on the common matches, how
-  often both pick the same candidate action (the paper's 20.2% / 98.8% / 75.4% / 99.4% table).
-- `replay_audit(rows, ...)`: for sampled matched turns of each matcher, restore the environment by replaying the
-  student's actual action prefix (the earlier turns of the same traj_id, from the archive) from reset; check the
-  state signature then equals the archived one (else the case is "restore failed", not a match failure); then execute
-  the matched candidate and the rest of the reference's suffix (archived as match.ref_suffix, whose first action is
-  the candidate's position). Success = the episode is won by the end (the paper's 781/781 and 792/800).
+- `matcher_comparison(rows)`: on the same archived turns, coverage of the `structured` and `history` matchers,
+  the share of each one's matches that the other reproduces (matches the same turn), and, on the common
+  matches, how often both pick the same candidate action (the paper's 20.2% / 98.8% / 75.4% / 99.4% table).
+- `replay_audit(rows, ...)`: for sampled matched turns of each matcher, restore the environment by replaying
+  the student's actual action prefix (the earlier turns of the same traj_id, from the archive) from reset;
+  check the state signature then equals the archived one (else the case is "restore failed", not a match
+  failure); then execute the matched candidate and the rest of the reference's suffix (archived as
+  match.ref_suffix, whose first action is the candidate's position). Success = the episode is won by the end
+  (the paper's 781/781 and 792/800).
 
 Run through `python evaluate.py audit --run DIR`.
 
 Choices (numbered):
-1. The audit env is the run's env config with the step limit lifted (max_steps = 10_000): the audit asks whether the
-   matched suffix is valid from the restored state, not whether it fits the training step budget.
-2. A sampled turn whose earlier turns are not all in the archive (the archive cap was reached mid-trajectory) is
-   counted as "prefix_missing" and not replayed.
-3. Samples are drawn with random.Random(seed) from the matched turns sorted by (step, traj_id, turn), and replayed in
-   task order so loaded games are reused.
+1. The audit env is the run's env config with the step limit lifted (max_steps = 10_000): the audit asks
+   whether the matched suffix is valid from the restored state, not whether it fits the training step budget.
+2. A sampled turn whose earlier turns are not all in the archive (the archive cap was reached mid-trajectory)
+   is counted as "prefix_missing" and not replayed.
+3. Samples are drawn with random.Random(seed) from the matched turns sorted by (step, traj_id, turn), and
+   replayed in task order so loaded games are reused.
 """
 import copy
 import json
@@ -37,7 +38,8 @@ import rollout
 from router import as_signature
 from scale.run_logs import read_archive
 
-MATCH_KEYS = {"structured": "structured", "history": "history_match", "routed": "match"}  # matcher -> archive column
+MATCH_KEYS = {"structured": "structured", "history": "history_match",
+              "routed": "match"}  # matcher -> archive column
 AUDIT_MAX_STEPS = 10_000  # choice 1: the step limit lifted
 
 
@@ -56,7 +58,7 @@ class AuditArgs:
     """JSON output (default: RUN/audit.json)"""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The audits
 
 
@@ -69,7 +71,8 @@ def matcher_comparison(rows: list[dict]) -> dict:
     s = {i for i, r in enumerate(rows) if r.get("structured")}
     h = {i for i, r in enumerate(rows) if r.get("history_match")}
     common = sorted(s & h)
-    same_cand = sum(rows[i]["structured"]["candidate"] == rows[i]["history_match"]["candidate"] for i in common)
+    same_cand = sum(rows[i]["structured"]["candidate"] == rows[i]["history_match"]["candidate"]
+                    for i in common)
     same_pos = sum((rows[i]["structured"]["ref"], rows[i]["structured"]["position"])
                    == (rows[i]["history_match"]["ref"], rows[i]["history_match"]["position"]) for i in common)
     routed = sum(bool(r.get("match")) for r in rows)
@@ -94,14 +97,16 @@ def audit_env_config(env_cfg):
 
 
 def replay_case(env, row: dict, prefix: list[str], match: dict) -> dict:
-    """Restore the state by replaying `prefix` from reset, check the signature, then run candidate + suffix."""
+    """Restore the state by replaying `prefix` from reset, check the signature,
+    then run candidate + suffix."""
     task = envs.Task(row["task_id"], row["task_type"], row["task_id"].split("/", 1)[0], row["source"])
     ep = rollout.replay(env, task, prefix)
     if len(ep.turns) < len(prefix):
         return {"outcome": "restore_failed", "why": "episode ended inside the prefix"}
     same_key = ep.history_key == row["history_key"]
     if ep.signature != as_signature(row["signature"]) or ep.done:
-        return {"outcome": "restore_failed", "why": "signature differs after the prefix", "history_key_equal": same_key}
+        return {"outcome": "restore_failed", "why": "signature differs after the prefix",
+                "history_key_equal": same_key}
     rollout.replay(env, task, [match["candidate"]] + list(match["ref_suffix"][1:]), episode=ep)
     return {"outcome": "success" if ep.won else "failure", "executed": len(ep.turns) - len(prefix),
             "history_key_equal": same_key}
@@ -118,8 +123,9 @@ def replay_audit(rows: list[dict], env_cfg, matchers=("structured", "history"), 
     try:
         for matcher in matchers:
             key = MATCH_KEYS[matcher]
-            matched = sorted((r for r in rows if r.get(key) and r[key]["ref"] is not None),  # a skill-context run
-                             key=lambda r: (r["step"], r["traj_id"], r["turn"]))           # routes reference-less turns
+            # a skill-context run routes reference-less turns
+            matched = sorted((r for r in rows if r.get(key) and r[key]["ref"] is not None),
+                             key=lambda r: (r["step"], r["traj_id"], r["turn"]))
             picked = random.Random(seed).sample(matched, min(samples, len(matched)))
             picked.sort(key=lambda r: (r["task_id"], r["traj_id"], r["turn"]))  # choice 3: reuse loaded games
             counts, failures, t0 = defaultdict(int), [], time.perf_counter()
@@ -136,7 +142,8 @@ def replay_audit(rows: list[dict], env_cfg, matchers=("structured", "history"), 
             audited = counts["success"] + counts["failure"]
             out[matcher] = {"matched_turns": len(matched), "sampled": len(picked), "audited": audited,
                             "successes": counts["success"], "failures": counts["failure"],
-                            "restore_failed": counts["restore_failed"], "prefix_missing": counts["prefix_missing"],
+                            "restore_failed": counts["restore_failed"],
+                            "prefix_missing": counts["prefix_missing"],
                             "success_rate": _share(counts["success"], audited),
                             "summary": f"{counts['success']}/{audited}", "examples_not_successful": failures,
                             "seconds": time.perf_counter() - t0}
@@ -145,31 +152,34 @@ def replay_audit(rows: list[dict], env_cfg, matchers=("structured", "history"), 
     return out
 
 
-PAPER = {"coverage_structured": "20.2%", "history_matches_reproduced_by_structured": "98.8%",  # ALFWorld, 35,712
-         "structured_matches_reproduced_by_history": "75.4%", "candidate_agreement_on_common": "99.4%",  # turns
-         "structured": "781/781", "history": "792/800"}
+PAPER = {"coverage_structured": "20.2%", "history_matches_reproduced_by_structured": "98.8%",
+         "structured_matches_reproduced_by_history": "75.4%",  # ALFWorld, 35,712 turns
+         "candidate_agreement_on_common": "99.4%", "structured": "781/781", "history": "792/800"}
 
 
 def format_audit(comparison: dict, replay: dict) -> str:
-    """The matcher table and the replay audit, each number beside the paper's (its history matcher is the prompt's
-    view, our `history`; the archive's history column is that windowed matcher)."""
+    """The matcher table and the replay audit, each number beside the paper's (its history matcher is the
+    prompt's view, our `history`; the archive's history column is that windowed matcher)."""
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     c = comparison
     lines = [f"Matcher comparison on {c['turns']} archived turns (paper: 35,712 ALFWorld turns):",
              f"  structured covers {pct(c['coverage_structured'])} of turns ({c['structured_matches']}) "
-             f"[paper {PAPER['coverage_structured']}], history {pct(c['coverage_history'])} ({c['history_matches']}), "
+             f"[paper {PAPER['coverage_structured']}], history {pct(c['coverage_history'])} "
+             f"({c['history_matches']}), "
              f"routed {pct(c['coverage_routed'])}",
-             f"  structured reproduces {pct(c['history_matches_reproduced_by_structured'])} of the history matches "
-             f"[paper {PAPER['history_matches_reproduced_by_structured']}]",
-             f"  history reproduces {pct(c['structured_matches_reproduced_by_history'])} of the structured matches "
-             f"[paper {PAPER['structured_matches_reproduced_by_history']}]",
+             f"  structured reproduces {pct(c['history_matches_reproduced_by_structured'])} of the history "
+             f"matches [paper {PAPER['history_matches_reproduced_by_structured']}]",
+             f"  history reproduces {pct(c['structured_matches_reproduced_by_history'])} of the structured "
+             f"matches [paper {PAPER['structured_matches_reproduced_by_history']}]",
              f"  on the {c['common_matches']} common matches: "
              f"same candidate {pct(c['candidate_agreement_on_common'])} [paper "
              f"{PAPER['candidate_agreement_on_common']}], "
              f"same reference position {pct(c['same_reference_position_on_common'])}",
-             "Replay audit (successes/audited; restore failures and missing prefixes are not match failures):"]
+             "Replay audit (successes/audited; restore failures and missing prefixes are not "
+             "match failures):"]
     for m, r in replay.items():
-        lines.append(f"  {m:10s} {r['summary']:>9s} ({pct(r['success_rate'])}) | restore failed {r['restore_failed']}"
+        lines.append(f"  {m:10s} {r['summary']:>9s} ({pct(r['success_rate'])})"
+                     f" | restore failed {r['restore_failed']}"
                      f" | prefix missing {r['prefix_missing']}"
                      f" | sampled {r['sampled']} of {r['matched_turns']} matched"
                      + (f" [paper {PAPER[m]}]" if m in PAPER else ""))
@@ -188,7 +198,7 @@ def run_audit(args: AuditArgs, cfg) -> dict:
     text = format_audit(comparison, replay)
     print(text, flush=True)
     out = Path(args.output or run / "audit.json")
-    out.write_text(json.dumps({"archive": str(path), "comparison": comparison, "replay": replay, "text": text},
-                              indent=1))
+    out.write_text(json.dumps({"archive": str(path), "comparison": comparison, "replay": replay,
+                               "text": text}, indent=1))
     print(f"[audit] wrote {out}", flush=True)
     return {"comparison": comparison, "replay": replay}

@@ -1,36 +1,39 @@
-"""The CPU mini-reproduction: does RL improve the embedded agent, and how do GRPO, FullPath-SD and SMRC-SD compare?
+"""The CPU mini-reproduction: does RL improve the embedded agent, and how do GRPO, FullPath-SD and
+SMRC-SD compare?
 
-    python bench/learn.py          # GRPO, FullPath-SD, SMRC-SD, their oracle-teacher rows: 5 seeds, 30 steps each,
-                                   # eval on 200 held-out games, k=4
-    python bench/learn.py --rows smrc-sd-lam0.03 oracle-smrc-sd-a0.99-lam0.2    # any rows: λ and α in the name
+    python bench/learn.py     # GRPO, FullPath-SD, SMRC-SD, their oracle-teacher rows: 5 seeds, 30 steps each,
+                              # eval on 200 held-out games, k=4
+    python bench/learn.py --rows smrc-sd-lam0.03 oracle-smrc-sd-a0.99-lam0.2   # any rows: λ and α in the name
     python bench/learn.py --rows grpo fullpath-sd smrc-sd skill-sd sdar          # the paper's five rows
     python bench/learn.py --steps 2 --eval-games 2 --train-games 6 --out /tmp/learn  # smoke test
 
 A row is named as its run folders are, `[oracle-]ALGO[-aα][-lamλ]`:
 - ALGO is one of smrc.ALGOS; λ is its --grpo.sd-coef, and a row without one runs at the λ `config.resolve`
-  gives the learn preset (0.2 for the reverse-KL forms; the skill-text forms at their anchors' λ, which live on
-  other scales);
+  gives the learn preset (0.2 for the reverse-KL forms; the skill-text forms at their anchors' λ, which live
+  on other scales);
 - `oracle-` rows replace the model teacher with a perfect reader of the candidate, `--teacher.oracle α`: the
   teacher (1−α)·π_student + α·δ_candidate. So "routing helps" and "the tiny model reads its reference well
   enough" are separate answers, and α sets how sharp the teacher is while λ sets how hard it pushes.
 Every row runs at every seed of --seeds, seed-major (an interrupted sweep has its rows at equal seed counts).
 
-Every run is the project's own trainer, `smrc.py --preset learn --algo A --seed S` (tiny-agent on small generated
-games, admissible action space, references = the policy's own successes), in its own folder; every evaluation is the
-project's own `evaluate.py eval` of the run's final checkpoint on the same held-out panel; the warm start itself is
-evaluated once as the "before" row. All runs of one row differ only in the seed; no algorithm gets its own tuning.
+Every run is the project's own trainer, `smrc.py --preset learn --algo A --seed S` (tiny-agent on small
+generated games, admissible action space, references = the policy's own successes), in its own folder; every
+evaluation is the project's own `evaluate.py eval` of the run's final checkpoint on the same held-out panel;
+the warm start itself is evaluated once as the "before" row. All runs of one row differ only in the seed;
+no algorithm gets its own tuning.
 
-Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished evaluation (its
-JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished run needs only its
-`metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine from those small files
-(bench/results/learn_sweep_v8/ holds the record of the README's sweep, and its warm start's weights);
-OUT/warm_start.json pins the warm start's weights (sha256), and a sweep with another build of it is refused.
-Writes OUT/results.json (every number), OUT/results.md (the table: each row's Avg@k, Pass@k, gain over the warm
-start, SD strength (the SD / GRPO gradient-norm ratio, the KL per distilled turn, the share of candidate turns
-whose sampled action is the candidate), and the differences against GRPO and of SMRC − FullPath at equal (λ, α),
-paired by task (the SE carries the panel's sampling noise) and by seed (the run-to-run noise of training)) and
-OUT/curves.png (training success, a moving average, and the in-loop validation success on fixed games, mean ± SE
-over seeds).
+Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished
+evaluation (its JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished
+run needs only its `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine
+from those small files and the warm start (bench/results/learn_sweep_v21/ holds issue 36's table and its warm
+start's weights: pass that folder's warm_start/ as --model); OUT/warm_start.json pins the warm start's weights
+(sha256), and a sweep with another build of it is refused.
+Writes OUT/results.json (every number), OUT/results.md (the table: each row's Avg@k, Pass@k, gain over the
+warm start, SD strength (the SD / GRPO gradient-norm ratio, the KL per distilled turn, the share
+of candidate turns whose sampled action is the candidate), and the differences against GRPO and of
+SMRC − FullPath at equal (λ, α), paired by task (the SE carries the panel's sampling noise) and by seed
+(the run-to-run noise of training)) and OUT/curves.png (training success, a moving average, and the in-loop
+validation success on fixed games, mean ± SE over seeds).
 """
 import hashlib
 import json
@@ -56,7 +59,8 @@ from scale.preflight import check_rules, int_at_least  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-ORACLE = "oracle-"  # a row name's prefix: the algorithm with the oracle teacher (--teacher.oracle α), no model teacher
+ORACLE = "oracle-"  # a row name's prefix: the algorithm with the oracle teacher (--teacher.oracle α),
+                    # no model teacher
 ROW_NAME = re.compile(r"(?P<oracle>oracle-)?(?P<algo>[a-z-]+?)(?:-a(?P<alpha>[^-]+))?(?:-lam(?P<lam>[^-]+))?")
 
 
@@ -74,7 +78,8 @@ class Row:
         oracle-smrc-sd-a0.99-lam0.2."""
         if self.algo == "grpo":
             return "grpo"
-        return (f"{ORACLE}{self.algo}-a{self.oracle:g}" if self.oracle else self.algo) + f"-lam{self.sd_coef:g}"
+        return ((f"{ORACLE}{self.algo}-a{self.oracle:g}" if self.oracle else self.algo)
+                + f"-lam{self.sd_coef:g}")
 
 
 def row_lambda(algo: str, sd_coef: float | None = None) -> float:
@@ -85,14 +90,16 @@ def row_lambda(algo: str, sd_coef: float | None = None) -> float:
 
 
 def parse_row(spec: str) -> Row:
-    """A row from its name, `[oracle-]ALGO[-aα][-lamλ]` (module docstring); one `error:` line if it is not one."""
+    """A row from its name, `[oracle-]ALGO[-aα][-lamλ]` (module docstring);
+    one `error:` line if it is not one."""
     m = ROW_NAME.fullmatch(spec)
     with_candidate = [a for a in ALGOS if ALGOS[a][0] not in ("none", "every-turn")]  # what an oracle needs
     problem = None
     if m is None or m["algo"] not in ALGOS:
         problem = "ALGO is one of " + ", ".join(ALGOS)
     elif m["oracle"] and (m["algo"] not in with_candidate or m["alpha"] is None):
-        problem = "an oracle row names an algorithm with a candidate (" + ", ".join(with_candidate) + ") and its α"
+        problem = ("an oracle row names an algorithm with a candidate (" + ", ".join(with_candidate)
+                   + ") and its α")
     elif m["alpha"] and not m["oracle"]:
         problem = "-aα belongs to oracle- rows only"
     elif m["algo"] == "grpo" and m["lam"]:
@@ -121,9 +128,10 @@ def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
 
 @dataclass
 class LearnArgs:
-    rows: tuple[str, ...] = ("grpo", "fullpath-sd", "smrc-sd", "oracle-fullpath-sd-a0.5", "oracle-smrc-sd-a0.5")
-    """the table's rows, each named `[oracle-]ALGO[-aα][-lamλ]` (module docstring), all from the same warm start
-    and budget"""
+    rows: tuple[str, ...] = ("grpo", "fullpath-sd", "smrc-sd", "oracle-fullpath-sd-a0.5",
+                             "oracle-smrc-sd-a0.5")
+    """the table's rows, each named `[oracle-]ALGO[-aα][-lamλ]` (module docstring), all from the same warm
+    start and budget"""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """seeds of every row"""
     steps: int = 30
@@ -139,19 +147,20 @@ class LearnArgs:
     train_games: int = 320
     """training games (the warm start's games)"""
     eval_games: int = 200
-    """held-out evaluation games: the learn preset's 200-game panel, or a type-stratified subset of it (evaluate.py
-    --limit, the same subset for every row)"""
+    """held-out evaluation games: the learn preset's 200-game panel, or a type-stratified subset of it
+    (evaluate.py --limit, the same subset for every row)"""
     k: int = 4
     """sampled attempts per evaluation game (Avg@k, Pass@k)"""
     eval_every: int = 10
-    """in-loop validation every N steps (smrc.py --eval-every; 0: none): a curve on fixed games, free of which tasks
-    a step drew"""
+    """in-loop validation every N steps (smrc.py --eval-every; 0: none): a curve on fixed games, free of which
+    tasks a step drew"""
     val_games: int = 48
     """games of the in-loop validation panel (smrc.py --eval-tasks)"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
     report_only: bool = False
-    """rewrite results.json / results.md / curves.png from the runs of OUT that have finished; start nothing"""
+    """rewrite results.json / results.md / curves.png from the runs of OUT that have finished;
+    start nothing"""
     workers: int = 2
     """runs (training + evaluation) in flight at once; each child gets max(1, cores // workers) torch
     threads (`worker_env`; on 2 cores, 2 one-thread runs beat one two-thread run: tiny matrices use a
@@ -159,15 +168,15 @@ class LearnArgs:
 
 
 def check_args(args: LearnArgs) -> list[Row]:
-    """The sweep's rows, or one `error:` line for a bad flag before anything is built, trained or evaluated (the
-    trainer's own checks would come only after the warm start's minutes-long build)."""
+    """The sweep's rows, or one `error:` line for a bad flag before anything is built, trained or evaluated
+    (the trainer's own checks would come only after the warm start's minutes-long build)."""
     rows = [parse_row(r) for r in args.rows]
     if not rows or len({r.name for r in rows}) < len(rows):
-        raise SystemExit(f"error: --rows {' '.join(args.rows) or '(none)'} is not allowed; allowed: one or more "
-                         "distinct rows")
+        raise SystemExit(f"error: --rows {' '.join(args.rows) or '(none)'} is not allowed; "
+                         "allowed: one or more distinct rows")
     if any(s < 0 for s in args.seeds) or len(set(args.seeds)) < len(args.seeds) or not args.seeds:
-        raise SystemExit(f"error: --seeds {' '.join(map(str, args.seeds)) or '(none)'} is not allowed; allowed: "
-                         "one or more distinct integers >= 0")
+        raise SystemExit(f"error: --seeds {' '.join(map(str, args.seeds)) or '(none)'} is not allowed; "
+                         "allowed: one or more distinct integers >= 0")
     check_rules(args, [(name, int_at_least(low)) for name, low in (
         ("steps", 1), ("save_every", 1), ("tasks_per_step", 1), ("group_size", 2), ("train_games", 1),
         ("eval_games", 1), ("k", 1), ("eval_every", 0), ("val_games", 1), ("workers", 1))])
@@ -197,14 +206,16 @@ def _run(args: LearnArgs, cmd: list[str], log: Path) -> None:
     sweep with the log's tail."""
     env = worker_env(args.workers)
     with open(log, "a") as f:
-        rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run([sys.executable, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
     if rc != 0:
         tail = log.read_text().splitlines()[-20:]
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... failed (exit {rc}); {log}:\n" + "\n".join(tail))
 
 
 def plan(args: LearnArgs, rows: list[Row]) -> list[tuple[Row, int]]:
-    """(row, seed) of every run, seed-major: an interrupted sweep has every row at the same number of seeds."""
+    """(row, seed) of every run, seed-major: an interrupted sweep has every row at the same number of
+    seeds."""
     return [(row, s) for s in args.seeds for row in rows]
 
 
@@ -218,7 +229,8 @@ def _train(args: LearnArgs, row: Row, seed: int) -> Path:
     if not (final / "config.json").exists():
         run.mkdir(parents=True, exist_ok=True)
         oracle = ["--teacher.oracle", f"{row.oracle:g}"] if row.oracle else []
-        val = ["--eval-every", str(args.eval_every), "--eval-tasks", str(args.val_games)] if args.eval_every else []
+        val = (["--eval-every", str(args.eval_every), "--eval-tasks", str(args.val_games)]
+               if args.eval_every else [])
         _run(args, ["smrc.py", "--preset", "learn", "--algo", row.algo, *oracle, *val, "--seed", str(seed),
                     "--steps", str(args.steps), "--save-every", str(min(args.save_every, args.steps)),
                     "--output-dir", str(run), "--grpo.sd-coef", f"{row.sd_coef:g}", "--model", args.model,
@@ -233,9 +245,9 @@ def _finished(args: LearnArgs, run: Path) -> bool:
 
 
 def check_warm_start(args: LearnArgs) -> str:
-    """Build the warm start here (all cores, before the pool) and pin OUT to it: the sha256 of its weights is written
-    to OUT/warm_start.json by the first sweep, and a later sweep into the same OUT with other weights (another build)
-    is refused, so runs of two warm starts never share a table."""
+    """Build the warm start here (all cores, before the pool) and pin OUT to it: the sha256 of its weights is
+    written to OUT/warm_start.json by the first sweep, and a later sweep into the same OUT with other weights
+    (another build) is refused, so runs of two warm starts never share a table."""
     path = Path(resolve(args.model)) / "model.safetensors"
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     record = Path(args.out) / "warm_start.json"
@@ -249,7 +261,8 @@ def check_warm_start(args: LearnArgs) -> str:
 
 
 def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: bool = False) -> dict:
-    out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md (a name may hold dots: lam0.3)
+    out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md
+                                               # (a name may hold dots: lam0.3)
     if not Path(out + ".json").exists():
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
@@ -265,7 +278,8 @@ def main(args: LearnArgs) -> None:
     jobs = plan(args, rows)
     if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
         jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]
-        assert all((Path(args.out) / "eval" / f"{n}.json").exists() for n in ("warm-start", "warm-start-greedy")), \
+        assert all((Path(args.out) / "eval" / f"{n}.json").exists()
+                   for n in ("warm-start", "warm-start-greedy")), \
             f"{args.out} has no finished evaluation of the warm start"
     else:
         sha = check_warm_start(args)
@@ -275,22 +289,25 @@ def main(args: LearnArgs) -> None:
     results: dict[str, list] = {}
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
-        run = _run_dir(args, *job)  # a finished run needs only its metrics and evaluation, not its checkpoints
+        run = _run_dir(args, *job)  # a finished run needs only its metrics and evaluation,
+                                    # not its checkpoints
         if not _finished(args, run):
             _train(args, *job)
         return run, _evaluate(args, str(run / f"step_{args.steps:06d}"), run.name, checkpoint=True)
 
     table = ""
-    with ThreadPoolExecutor(args.workers) as ex:  # FIFO: the warm start's two evaluations first, then the runs
+    with ThreadPoolExecutor(args.workers) as ex:  # FIFO: the warm start's two evaluations first,
+                                                  # then the runs
         greedy_job = ex.submit(_evaluate, args, args.model, "warm-start-greedy", False, True)
         before_job = ex.submit(_evaluate, args, args.model, "warm-start", False)
         runs = ex.map(train_and_evaluate, jobs)  # results are gathered in job order, whatever finishes first
         greedy, before = greedy_job.result(), before_job.result()
-        print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} (SE over "
-              f"{greedy['tasks']} held-out games)", flush=True)
+        print(f"[learn] warm start, greedy: success {greedy['avg@1']:.3f} ± {greedy['avg@1_se']:.3f} "
+              f"(SE over {greedy['tasks']} held-out games)", flush=True)
         for (row, _), (run, metrics) in tqdm(zip(jobs, runs), total=len(jobs), desc="learn: runs"):
             results.setdefault(row.name, []).append((run, metrics))
-            wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing: no wall time
+            wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing:
+                                                                           # no wall time
             table = summarize(Path(args.out), args.k, [(a.name, b.name) for a, b in pairs(rows)], vars(args),
                               before, results, wall, greedy)
     print(table)

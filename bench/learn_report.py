@@ -1,5 +1,5 @@
-"""The report of bench/learn.py: each row's numbers from its runs' metrics.jsonl and evaluations, the differences
-between rows (paired by task and by seed), and results.json / results.md / curves.png."""
+"""The report of bench/learn.py: each row's numbers from its runs' metrics.jsonl and evaluations, the
+differences between rows (paired by task and by seed), and results.json / results.md / curves.png."""
 import json
 import math
 from pathlib import Path
@@ -18,7 +18,8 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, float]]:
-    """(step, value) of a metric over a run, in step order: training success, or the validation's (val/...)."""
+    """(step, value) of a metric over a run, in step order: training success,
+    or the validation's (val/...)."""
     return sorted((r["step"], r[key]) for r in _metrics(run) if key in r)
 
 
@@ -31,30 +32,35 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
     row = {"name": name, "runs": [str(r) for r in runs], "n": len(evals)}
     for key in (f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio"):
         row[key] = _mean_se([e[key] for e in evals])
-    if len(evals) == 1 and f"avg@{k}_se" in evals[0]:  # one evaluation (the warm start): SE over the panel's tasks
+    if len(evals) == 1 and f"avg@{k}_se" in evals[0]:  # one evaluation (the warm start):
+                                                       # SE over the panel's tasks
         row[f"avg@{k}"] = (evals[0][f"avg@{k}"], evals[0][f"avg@{k}_se"])
     if runs:
         metrics = [_metrics(r) for r in runs]
-        for key in ("router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
-                    "actor/entropy"):
+        for key in ("router/match_rate", "sd/distilled_share", "sd/candidate_gain",
+                    "sd/teacher_minus_student_logp", "actor/entropy"):
             per_run = [[m[key] for m in ms if key in m and not np.isnan(m[key])] for ms in metrics]
-            if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row: "-" in the table
+            if all(per_run):  # a key no step logged (GRPO has no teacher) stays out of the row:
+                              # "-" in the table
                 row[key] = _mean_se([np.mean(v) for v in per_run])
         for key, per_run in strength(metrics).items():
             if all(np.isfinite(per_run)):  # a key with no reading in some run (GRPO: no SD term) stays "-"
                 row[key] = _mean_se(per_run)
-        row["train_min"] = _mean_se([sum(m.get("time/step_s", 0.0) + m.get("time/val_s", 0.0) for m in ms) / 60
-                                     for ms in metrics])  # each step once (rows a resume redid moved to metrics.after_step_*)
+        row["train_min"] = _mean_se([sum(m.get("time/step_s", 0.0) + m.get("time/val_s", 0.0)
+                                         for m in ms) / 60
+                                     for ms in metrics])  # each step once (rows a resume redid moved to
+                                                          # metrics.after_step_*)
         row["eval_min"] = _mean_se([_eval_seconds(r.parent / "eval" / f"{r.name}.json") / 60 for r in runs])
     return row
 
 
 def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
     """How hard and how sharp each run's SD term was, one value per run (NaN where the run never measured it):
-    sd/grpo, the median SD / GRPO gradient-norm ratio over the steps where it is finite (inf: the GRPO gradient
-    was 0; NaN: no term; a run that distilled nothing has none); kl_per_turn, KL(student ‖ teacher) summed over a distilled turn's tokens, averaged over
-    the run's distilled turns; cand_share, the share of matched turns with a candidate whose sampled action is
-    the candidate (logged since issue 36: NaN for older runs)."""
+    sd/grpo, the median SD / GRPO gradient-norm ratio over the steps where it is finite (inf: the GRPO
+    gradient was 0; NaN: no term; a run that distilled nothing has none); kl_per_turn, KL(student ‖ teacher)
+    summed over a distilled turn's tokens, averaged over the run's distilled turns; cand_share, the share of
+    matched turns with a candidate whose sampled action is the candidate (logged since issue 36:
+    NaN for older runs)."""
     def per_run(ms: list[dict]) -> tuple[float, float, float]:
         ratios = [m["actor/sd_grpo_grad_ratio"] for m in ms if m.get("actor/sd_grpo_grad_ratio") is not None]
         finite = [x for x in ratios if math.isfinite(x)]
@@ -62,7 +68,8 @@ def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
         gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in ms
                   if m.get("sd/distilled_tokens"))
         turns, routed = total("sd/distilled_turns"), total("sd/candidate_routed_turns")
-        return (float(np.median(finite)) if finite and turns else math.nan, -gap / turns if turns else math.nan,
+        return (float(np.median(finite)) if finite and turns else math.nan,
+                -gap / turns if turns else math.nan,
                 total("sd/candidate_sampled_turns") / routed if routed else math.nan)
     values = [per_run(ms) for ms in metrics]
     return {key: [v[i] for v in values] for i, key in enumerate(("sd/grpo", "kl_per_turn", "cand_share"))}
@@ -83,14 +90,16 @@ def _per_task(out: Path, name: str) -> dict[str, float]:
 
 
 def _per_task_mean(out: Path, names: list[str]) -> dict[str, float]:
-    """Each panel task's success averaged over its k attempts and over the evaluations `names` (a row's seeds)."""
+    """Each panel task's success averaged over its k attempts and over the evaluations `names` (a row's
+    seeds)."""
     per = [_per_task(out, n) for n in names]
     return {t: float(np.mean([p[t] for p in per])) for t in per[0]}
 
 
 def paired_difference(out: Path, a: list[str], b: list[str]) -> tuple[float, float]:
-    """Avg@k of evaluations `a` minus `b` on the same panel, paired by task: per task, (mean over a's seeds) − (mean
-    over b's); mean ± SE over tasks. It carries the panel's sampling noise, which an SE over seeds does not see."""
+    """Avg@k of evaluations `a` minus `b` on the same panel, paired by task: per task, (mean over a's seeds)
+    − (mean over b's); mean ± SE over tasks. It carries the panel's sampling noise, which an SE over seeds
+    does not see."""
     pa, pb = _per_task_mean(out, a), _per_task_mean(out, b)
     d = np.asarray([pa[t] - pb[t] for t in sorted(pb)])
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
@@ -115,8 +124,8 @@ def markdown(rows: list[dict], k: int) -> str:
     cols = [f"avg@{k}", f"pass@{k}", "valid_action_ratio", "response_tokens", "repeated_4gram_ratio",
             "router/match_rate", "sd/distilled_share", "sd/candidate_gain", "sd/teacher_minus_student_logp",
             "actor/entropy", "sd/grpo", "kl_per_turn", "cand_share", "train_min", "eval_min"]
-    labels = {"train_min": "train min", "eval_min": "eval min", "sd/grpo": "SD/GRPO grad", "kl_per_turn": "KL/turn",
-              "cand_share": "cand share"}  # per run, with --workers runs at once
+    labels = {"train_min": "train min", "eval_min": "eval min", "sd/grpo": "SD/GRPO grad",
+              "kl_per_turn": "KL/turn", "cand_share": "cand share"}  # per run, with --workers runs at once
     lines = ["| run | seeds | " + " | ".join(labels.get(c, c.split("/")[-1]) for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for r in rows:
@@ -130,7 +139,8 @@ SMOOTH = 5  # steps in the training curve's moving average (which tasks a step d
 
 
 def _band(ax, runs: list[list[tuple[int, float]]], label: str, smooth: int = 1) -> None:
-    """Mean ± SE over runs (their common steps), after a trailing moving average of `smooth` points per run."""
+    """Mean ± SE over runs (their common steps), after a trailing moving average of `smooth` points per
+    run."""
     n = min(map(len, runs))
     c = np.asarray([[v for _, v in r[:n]] for r in runs])
     c = np.stack([[row[max(0, i - smooth + 1):i + 1].mean() for i in range(n)] for row in c])
@@ -141,7 +151,8 @@ def _band(ax, runs: list[list[tuple[int, float]]], label: str, smooth: int = 1) 
 
 
 def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
-    """Training success (moving average over SMOOTH steps) and in-loop validation success, mean ± SE over seeds."""
+    """Training success (moving average over SMOOTH steps) and in-loop validation success,
+    mean ± SE over seeds."""
     try:
         import matplotlib
     except ImportError:
@@ -174,7 +185,8 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     table_rows = [_row("warm start (before RL)", [before], [], k)]
     table_rows += [_row(name, [m for _, m in rs], [r for r, _ in rs], k) for name, rs in results.items()]
     gain = None
-    if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed, then mean ± SE over seeds
+    if len(results.get("grpo", [])) > 0:  # GRPO's gain over the warm start per seed,
+                                          # then mean ± SE over seeds
         gain = _mean_se([m[f"avg@{k}"] - before[f"avg@{k}"] for _, m in results["grpo"]])
     table = markdown(table_rows, k)
     paired = {name: paired_gain(out, [r for r, _ in rs]) for name, rs in results.items()}
@@ -185,11 +197,13 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     summary = {"args": settings, "rows": table_rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
                "paired_difference_avg@k": differences, "seed_paired_difference_avg@k": by_seed,
                "wall_s": seconds,
-               "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"], "games": greedy["tasks"]}}
+               "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"],
+                                     "games": greedy["tasks"]}}
     if gain:
         table += f"\n\nGRPO gain over the warm start, avg@{k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
     for name, (g, se) in paired.items():
-        table += f"\n{name} gain over the warm start, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
+        table += (f"\n{name} gain over the warm start, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} "
+                  "(SE over tasks)")
     for name, (g, se) in differences.items():
         table += f"\n{name}, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     for name, d in by_seed.items():

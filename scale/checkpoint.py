@@ -1,19 +1,20 @@
 """Checkpoints: step_XXXXXX/ = save_pretrained (safetensors, loadable by from_pretrained) + tokenizer +
 trainer_state.pt (optimizer, reference bank, RNG states as tensors, step: loadable with `weights_only=True`) +
-smrc_config.json + checksums.sha256 (`sha256sum -c` format), written to a temporary folder and renamed, so a run killed
-mid-save never leaves a half checkpoint; `latest` names the newest one. Under torchrun every rank takes part in
-gathering the full weights and optimizer state (FSDP shards them); rank 0 alone writes.
+smrc_config.json + checksums.sha256 (`sha256sum -c` format), written to a temporary folder and renamed, so a
+run killed mid-save never leaves a half checkpoint; `latest` names the newest one. Under torchrun every rank
+takes part in gathering the full weights and optimizer state (FSDP shards them); rank 0 alone writes.
 
 What a run can rely on:
-1. A checkpoint is never written with non-finite weights or optimizer state: the check runs before anything is written.
-2. A failed write (a full disk, a read-only folder) is one `error:` line naming the path; the partial folder is
-   removed and `latest` keeps naming the previous checkpoint. Stale `.tmp_step_*` folders of a killed run are removed
-   on the next start.
-3. Rotation (`keep_checkpoints`) orders checkpoints by step number and deletes only ones older than the checkpoint just
-   written, so `latest` always names an existing, complete checkpoint.
-4. A fresh run (no --resume) refuses an output folder that holds checkpoints (scale/preflight.py): continue it with
-   --resume, or pick a new --output-dir, so two runs' steps never mix in one folder. On a resume from step S,
-   checkpoints after S (another timeline, e.g. after --resume-from an older one) are set aside as
+1. A checkpoint is never written with non-finite weights or optimizer state:
+   the check runs before anything is written.
+2. A failed write (a full disk, a read-only folder) is one `error:` line naming the path; the partial folder
+   is removed and `latest` keeps naming the previous checkpoint. Stale `.tmp_step_*` folders of a killed run
+   are removed on the next start.
+3. Rotation (`keep_checkpoints`) orders checkpoints by step number and deletes only ones older than the
+   checkpoint just written, so `latest` always names an existing, complete checkpoint.
+4. A fresh run (no --resume) refuses an output folder that holds checkpoints (scale/preflight.py): continue it
+   with --resume, or pick a new --output-dir, so two runs' steps never mix in one folder. On a resume from
+   step S, checkpoints after S (another timeline, e.g. after --resume-from an older one) are set aside as
    step_XXXXXX.after_step_S, never deleted.
 5. Every reader of a checkpoint (--resume, --resume-from, evaluate.py, the intervention) goes through
    `verify`: a checksum file that is missing, empty, malformed or does not list every file of the checkpoint
@@ -39,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scale.distributed import (World, full_optimizer_state_dict, full_state_dict, load_full_optimizer_state_dict,
-                               unwrap)
+from scale.distributed import (World, full_optimizer_state_dict, full_state_dict,
+                               load_full_optimizer_state_dict, unwrap)
 from scale.safe_io import append_line, out_of_space, stop_on_io_error
 
 CHECKSUMS = "checksums.sha256"
@@ -49,8 +50,9 @@ _SUM_LINE = re.compile(r"([0-9a-f]{64}) [ *]([^/\\]+)")  # sha256sum's format: d
 
 
 def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the default
-    is a tuple). Returns the keys that match no field, so the caller can report them (never dropped silently)."""
+    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the
+    default is a tuple). Returns the keys that match no field, so the caller can report them (never dropped
+    silently)."""
     names = {f.name for f in dataclasses.fields(obj)}
     unknown = [f"{where}{k}" for k in values if k not in names]
     for name in names & set(values):
@@ -91,7 +93,8 @@ def checkpoints(out: Path) -> list[Path]:
 
 
 def unique_path(path: Path) -> Path:
-    """`path`, or the first free `name.2`, `name.3`, ... beside it: set-aside files never overwrite each other."""
+    """`path`, or the first free `name.2`, `name.3`, ... beside it: set-aside files never overwrite each
+    other."""
     n, free = 1, path
     while free.exists():
         n += 1
@@ -99,7 +102,7 @@ def unique_path(path: Path) -> Path:
     return free
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Writing
 
 
@@ -124,7 +127,8 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
             problem = (f"error: checkpoint of step {step} not written ({out / 'latest'} still names "
                        f"{latest or 'no checkpoint'}): {problem}")
     if world.all_max(int(problem is not None)):
-        raise SystemExit(problem or f"error: rank 0 could not write the checkpoint of step {step} (see its log)")
+        raise SystemExit(problem or f"error: rank 0 could not write the checkpoint of step {step} "
+                                    "(see its log)")
     if world.is_main:
         _publish(out, tmp, final, cfg.keep_checkpoints)
     world.barrier()
@@ -136,7 +140,8 @@ def nonfinite(weights: dict, optim: dict) -> str | None:
     def bad(tree, where):
         if isinstance(tree, torch.Tensor):
             return where if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
-        items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+        items = (tree.items() if isinstance(tree, dict)
+                 else enumerate(tree) if isinstance(tree, (list, tuple)) else ())
         return next((b for k, v in items if (b := bad(v, f"{where}.{k}")) is not None), None)
     found = bad(weights, "weights") or bad(optim, "optimizer")
     return None if found is None else f"non-finite values in {found}"
@@ -168,8 +173,9 @@ def write_folder(tmp: Path, write) -> str | None:
 
 
 def _publish(out: Path, tmp: Path, final: Path, keep: int) -> None:
-    """Rename the complete folder into place, point `latest` at it, then delete checkpoints older than the newest
-    `keep` (never the one just written, never a newer one). A failed rename or write is one error line."""
+    """Rename the complete folder into place, point `latest` at it, then delete checkpoints older than the
+    newest `keep` (never the one just written, never a newer one). A failed rename or write is one error
+    line."""
     with stop_on_io_error(out / "latest"):
         _publish_files(out, tmp, final, keep)
 
@@ -188,7 +194,8 @@ def _publish_files(out: Path, tmp: Path, final: Path, keep: int) -> None:
 
 
 def write_checksums(folder: Path) -> None:
-    lines = [f"{sha256(p)}  {p.name}\n" for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS]
+    lines = [f"{sha256(p)}  {p.name}\n" for p in sorted(folder.iterdir())
+             if p.is_file() and p.name != CHECKSUMS]
     (folder / CHECKSUMS).write_text("".join(lines))
 
 
@@ -206,17 +213,18 @@ def rng_state() -> dict:
     _, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {"python": torch.tensor(key, dtype=torch.int64), "python_version": version, "python_gauss": gauss,
             "numpy": torch.from_numpy(np_key.astype(np.int64)), "numpy_pos": int(np_pos),
-            "numpy_has_gauss": int(np_has_gauss), "numpy_gauss": float(np_gauss), "torch": torch.get_rng_state()}
+            "numpy_has_gauss": int(np_has_gauss), "numpy_gauss": float(np_gauss),
+            "torch": torch.get_rng_state()}
 
 
 def set_rng_state(s: dict) -> None:
     random.setstate((s["python_version"], tuple(s["python"].tolist()), s["python_gauss"]))
-    np.random.set_state(("MT19937", s["numpy"].numpy().astype(np.uint32), s["numpy_pos"], s["numpy_has_gauss"],
-                         s["numpy_gauss"]))
+    np.random.set_state(("MT19937", s["numpy"].numpy().astype(np.uint32), s["numpy_pos"],
+                         s["numpy_has_gauss"], s["numpy_gauss"]))
     torch.set_rng_state(s["torch"])
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Starting and resuming
 
 
@@ -268,7 +276,8 @@ def verify(ckpt: Path) -> str | None:
         try:
             actual = sha256(path)
         except OSError as e:
-            return f"{path} is {'missing' if isinstance(e, FileNotFoundError) else 'unreadable'} ({e.strerror})"
+            return (f"{path} is {'missing' if isinstance(e, FileNotFoundError) else 'unreadable'} "
+                    f"({e.strerror})")
         if actual != digest:
             return f"{path} is corrupt (its sha256 differs from the one recorded in {sums})"
     return None
@@ -344,7 +353,8 @@ def _flat(tree: dict, where: str = "") -> dict:
 
 
 def set_aside_newer(out: Path, step: int) -> None:
-    """Checkpoints after the resumed step belong to another timeline: rename them, so rotation never meets them."""
+    """Checkpoints after the resumed step belong to another timeline: rename them,
+    so rotation never meets them."""
     for ckpt in (c for c in checkpoints(out) if step_of(c) > step):
         aside = unique_path(out / f"{ckpt.name}.after_step_{step}")
         os.replace(ckpt, aside)
@@ -352,8 +362,8 @@ def set_aside_newer(out: Path, step: int) -> None:
 
 
 def load_trainer_state(ckpt: Path, model, optimizer, bank, guards: dict | None = None) -> int:
-    """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the model).
-    weights_only=True: the file holds tensors and plain data only, so loading it runs no pickled code.
+    """Every rank loads the same checkpoint (weights were loaded by from_pretrained before wrapping the
+    model). weights_only=True: the file holds tensors and plain data only, so loading it runs no pickled code.
     `guards` (the run's guard counters, at their defaults) is updated from the checkpoint's; an older
     checkpoint without them leaves the defaults. Returns the checkpoint's step."""
     path = ckpt / "trainer_state.pt"
@@ -370,17 +380,19 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank, guards: dict | None =
     return state["step"]
 
 
-SEED_STRIDE, STEP_STRIDE = 1_000_003, 101  # derived seeds: seed·SEED_STRIDE + step·STEP_STRIDE + stream + rank
+SEED_STRIDE, STEP_STRIDE = 1_000_003, 101  # derived seeds:
+                                           # seed·SEED_STRIDE + step·STEP_STRIDE + stream + rank
 
 
 def derived_seed(seed: int, step: int = 0, rank: int = 0, stream: int = 0) -> int:
-    """The one formula every torch seed of a run derives from (steps, validation, evaluation panels), so a resumed
-    run and a re-run evaluation replay the same numbers."""
+    """The one formula every torch seed of a run derives from (steps, validation, evaluation panels), so a
+    resumed run and a re-run evaluation replay the same numbers."""
     return seed * SEED_STRIDE + step * STEP_STRIDE + stream + rank
 
 
 def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
-    """Seed torch and numpy for a training step from (seed, step, rank); returns the step's Python RNG (routing)."""
+    """Seed torch and numpy for a training step from (seed, step, rank);
+    returns the step's Python RNG (routing)."""
     torch.manual_seed(derived_seed(seed, step, rank))
     np.random.seed(derived_seed(seed, step, rank) % 2**32)
     return random.Random(f"{seed}-{step}-{rank}")

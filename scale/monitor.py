@@ -1,14 +1,14 @@
-"""What a training run reports: one metrics row per step, reduced over every rank (`log_step`), and the in-loop
-validation on a fixed panel every `--eval-every` steps (`validate`), whose best row keeps a copy of its weights
-(`save_best`).
+"""What a training run reports: one metrics row per step, reduced over every rank (`log_step`), and the
+in-loop validation on a fixed panel every `--eval-every` steps (`validate`), whose best row keeps a copy of
+its weights (`save_best`).
 
-Validation (the anchors' `_validate`, verl-agent / SDAR: every 5 steps, temperature 0.4): the panel is fixed for the
-whole run (`envs.stratified_subset` of the eval split, seeded by the run's seed), one attempt per task at
-`--eval-temperature`, under a torch seed derived from (seed, step), through rollout.collect_rollouts (ordinary prompts
-only). Its row goes to metrics.jsonl as {"step", "val/success_rate", "val/score", "val/success/<type>", ...}, so
-"best during training" and "final" can both be reported from the same file; the weights of the best row so far are
-kept in output_dir/best/ (loadable with from_pretrained, with checksums.sha256 so that evaluate.py verifies
-it, and best.json naming its step and numbers).
+Validation (the anchors' `_validate`, verl-agent / SDAR: every 5 steps, temperature 0.4): the panel is fixed
+for the whole run (`envs.stratified_subset` of the eval split, seeded by the run's seed), one attempt per task
+at `--eval-temperature`, under a torch seed derived from (seed, step), through rollout.collect_rollouts
+(ordinary prompts only). Its row goes to metrics.jsonl as {"step", "val/success_rate", "val/score",
+"val/success/<type>", ...}, so "best during training" and "final" can both be reported from the same file; the
+weights of the best row so far are kept in output_dir/best/ (loadable with from_pretrained, with
+checksums.sha256 so that evaluate.py verifies it, and best.json naming its step and numbers).
 
 A failed write here (metrics.jsonl, the rollout archive, best/) is one `error:` line naming the file and the
 cause; the rows and checkpoints written before stay, and the run stops cleanly (scale/safe_io.py).
@@ -33,13 +33,14 @@ from scale.distributed import full_state_dict, unwrap
 from scale.run_logs import write_archive
 from scale.safe_io import append_line, stop_on_io_error
 
-VALIDATION_STREAM = 7  # validation samples under its own torch seed stream (derived_seed), apart from the step's
+VALIDATION_STREAM = 7  # validation samples under its own torch seed stream (derived_seed),
+                       # apart from the step's
 
 
 @dataclass
 class Validation:
-    """The run's in-loop validation: a fixed panel played once per task at `temperature` with the run's rollout and
-    environment settings; rows go to out/metrics.jsonl."""
+    """The run's in-loop validation: a fixed panel played once per task at `temperature` with the run's
+    rollout and environment settings; rows go to out/metrics.jsonl."""
     panel: list[envs.Task]
     rollout: rollout.RolloutConfig
     env_cfg: envs.EpisodeConfig
@@ -49,9 +50,10 @@ class Validation:
     steps: int  # the run's last step (for the printed line)
 
 
-def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict, bank, archive_cap: int) -> None:
-    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it with the
-    gathered archive rows (up to `archive_cap` turns in all), print it."""
+def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict, bank,
+             archive_cap: int) -> None:
+    """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it
+    with the gathered archive rows (up to `archive_cap` turns in all), print it."""
     def total(key, sub):
         return sum(r[key][sub] for r in everyone)
     stats = [st for r in everyone for st in r["rollout"]]
@@ -81,7 +83,8 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
          **{k: max(r["mem"].get(k, 0.0) for r in everyone) for k in everyone[0]["mem"]},
          "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
     append_line(out / "metrics.jsonl", json.dumps(m))
-    print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | reward {m['rollout/reward']:.2f} | "
+    print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | "
+          f"reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
           f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
           f"cand share {m['sd/candidate_sampled_share']:.2f} | "
@@ -90,7 +93,8 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
           f"(env {m['time/env_share']:.0%})"
           + (f" | peak mem {max(v for k, v in m.items() if k.startswith('mem/')):.1f} GiB"
              if any(k.startswith("mem/") for k in m) else "")
-          + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped" if actor["actor/nonfinite_skips"] else ""),
+          + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped"
+             if actor["actor/nonfinite_skips"] else ""),
           flush=True)
 
 
@@ -102,14 +106,14 @@ def _ratio_text(x: float) -> str:
 
 def sd_diagnostics(everyone: list[dict]) -> dict:
     """sd/kl_student_teacher: the k1 estimate of KL(π_student ‖ π_teacher) on the distilled tokens, the mean
-    over them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's own
-    samples; = −sd/teacher_minus_student_logp); sd/kl_per_turn: the same sum per distilled turn (most tokens of
-    a turn may be forced, with a gap of exactly 0, which the per-token mean hides). On the distilled turns with
-    a candidate (teacher.candidate_split): sd/candidate_sampled_share, the share whose sampled action is the
-    candidate, and the mean turn gap Σ_t log π_T − log π_student over those turns (sd/gap_on_candidate) and
-    the others (sd/gap_off_candidate); NaN where a count is 0. sd/candidate_gain: the mean over distilled
-    turns with a candidate of log π_T(c) − log π_θ(c), the candidate's response scored under both prompts
-    (teacher.candidate_gain; absent with --teacher.no-candidate-gain)."""
+    over them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's
+    own samples; = −sd/teacher_minus_student_logp); sd/kl_per_turn: the same sum per distilled turn (most
+    tokens of a turn may be forced, with a gap of exactly 0, which the per-token mean hides). On the distilled
+    turns with a candidate (teacher.candidate_split): sd/candidate_sampled_share, the share whose sampled
+    action is the candidate, and the mean turn gap Σ_t log π_T − log π_student over those turns
+    (sd/gap_on_candidate) and the others (sd/gap_off_candidate); NaN where a count is 0. sd/candidate_gain:
+    the mean over distilled turns with a candidate of log π_T(c) − log π_θ(c), the candidate's response scored
+    under both prompts (teacher.candidate_gain; absent with --teacher.no-candidate-gain)."""
     def total(key):
         return sum(r["sd"].get(key, 0) for r in everyone)
 
@@ -123,15 +127,16 @@ def sd_diagnostics(everyone: list[dict]) -> dict:
            "sd/gap_off_candidate": ratio(total("sd/gap_off_candidate_sum"), n_cand - n_on)}
     if "sd/candidate_turns" in everyone[0]["sd"]:
         n = sum(r["sd"]["sd/candidate_turns"] for r in everyone)
-        out.update({"sd/candidate_gain": sum(r["sd"]["sd/candidate_gain_sum"] for r in everyone) / n if n else math.nan,
+        out.update({"sd/candidate_gain": (sum(r["sd"]["sd/candidate_gain_sum"] for r in everyone) / n
+                                          if n else math.nan),
                     "sd/candidate_turns": n,
                     "sd/candidate_gain_time_s": max(r["sd"]["sd/candidate_gain_time_s"] for r in everyone)})
     return out
 
 
 def validate(v: Validation, engine, pool, tokenizer, step: int, world) -> dict | None:
-    """One attempt per panel task (each rank plays its shard) at v.temperature; the row on rank 0 (else None), also
-    appended to metrics.jsonl there."""
+    """One attempt per panel task (each rank plays its shard) at v.temperature; the row on rank 0 (else None),
+    also appended to metrics.jsonl there."""
     t0 = time.perf_counter()
     saved = engine.cfg
     engine.cfg = dataclasses.replace(saved, temperature=v.temperature)
@@ -147,7 +152,8 @@ def validate(v: Validation, engine, pool, tokenizer, step: int, world) -> dict |
     if not world.is_main:
         return None
     row = {"step": step, "val/success_rate": float(np.mean([d[1] for d in done])),
-           "val/score": float(np.mean([d[2] for d in done])), "val/turns": float(np.mean([d[3] for d in done])),
+           "val/score": float(np.mean([d[2] for d in done])),
+           "val/turns": float(np.mean([d[3] for d in done])),
            "val/tasks": len(done), "val/temperature": v.temperature, "time/val_s": time.perf_counter() - t0}
     for tt in sorted({d[0] for d in done}):
         row[f"val/success/{tt}"] = float(np.mean([d[1] for d in done if d[0] == tt]))
@@ -159,8 +165,9 @@ def validate(v: Validation, engine, pool, tokenizer, step: int, world) -> dict |
 
 def save_best(out: Path, model, tokenizer, cfg, row: dict | None, world) -> bool:
     """If `row` beats best.json's (success rate, then score; ties keep the earlier step), write the weights to
-    out/best/ (a temporary folder renamed into place, with the run's config `cfg` as smrc_config.json) and best.json. Collective under torchrun (the full weights
-    are gathered on every rank); rank 0 decides and writes. Returns whether it was written."""
+    out/best/ (a temporary folder renamed into place, with the run's config `cfg` as smrc_config.json) and
+    best.json. Collective under torchrun (the full weights are gathered on every rank); rank 0 decides and
+    writes. Returns whether it was written."""
     best = out / "best.json"
     better = False
     if world.is_main:

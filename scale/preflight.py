@@ -44,7 +44,8 @@ def int_at_least(lo: int):
 
 def real_in(lo: float, hi: float = math.inf, open_lo: bool = False, why: str = ""):
     ok = (lambda v: math.isfinite(v) and (v > lo if open_lo else v >= lo) and v <= hi)
-    return ok, (f"a finite number {'>' if open_lo else '>='} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
+    return ok, (f"a finite number {'>' if open_lo else '>='} {lo:g}"
+                + (f" and <= {hi:g}" if hi < math.inf else "")
                 + (f" ({why})" if why else ""))
 
 
@@ -131,7 +132,8 @@ def check_rules(obj, rules: list) -> None:
         if value is None:  # a field left to --algo, to its form's default or to the checkpoint
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-            raise SystemExit(f"error: --{name.replace('_', '-')} {value!r} is out of range; allowed: {allowed}")
+            raise SystemExit(f"error: --{name.replace('_', '-')} {value!r} is out of range; "
+                             f"allowed: {allowed}")
 
 
 def check_device(name: str, flag: str = "--device") -> None:
@@ -280,8 +282,8 @@ def lock_run(out: Path) -> RunLock:
 
 
 def prepare_output_dir(out: Path, fresh: bool) -> None:
-    """Before any heavy work (rank 0): the folder exists and takes a file; a fresh run refuses a folder holding
-    checkpoints; stale temporary folders of a killed save are removed."""
+    """Before any heavy work (rank 0): the folder exists and takes a file; a fresh run refuses a folder
+    holding checkpoints; stale temporary folders of a killed save are removed."""
     if out.exists() and not out.is_dir():
         raise SystemExit(f"error: --output-dir {out} is a file; it must be a folder (new or existing)")
     try:
@@ -292,8 +294,9 @@ def prepare_output_dir(out: Path, fresh: bool) -> None:
         raise SystemExit(f"error: --output-dir {out} is not writable ({e.strerror or e})") from None
     if fresh and (checkpoints(out) or (out / "latest").exists()):
         names = ", ".join(p.name for p in checkpoints(out)) or "a 'latest' file"
-        raise SystemExit(f"error: --output-dir {out} already holds checkpoints ({names}); continue that run with "
-                         f"--resume (or --resume-from one of them), or start this run in a new --output-dir")
+        raise SystemExit(f"error: --output-dir {out} already holds checkpoints ({names}); "
+                         f"continue that run with --resume (or --resume-from one of them), "
+                         f"or start this run in a new --output-dir")
     for stale in [*out.glob(".tmp_step_*"), *out.glob("latest.tmp")]:
         if stale.is_dir():
             shutil.rmtree(stale)

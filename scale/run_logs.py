@@ -35,7 +35,8 @@ def archive_rows(step: int, episodes: list, audited: dict[str, list]) -> list[di
         return []
     pairs = [(ep, t) for ep in episodes for t in ep.turns]
     return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
-             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation, "action": t.step.action,
+             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation,
+             "action": t.step.action,
              "valid": t.valid, "signature": t.step.signature, "history_key": t.step.history_key,
              "routed": t.match is not None, "match": _match_json(t.match),
              "structured": _match_json(audited["structured"][i]),

@@ -4,8 +4,8 @@ from records import Step, Turn
 
 
 def turn(task_id: str, traj_id: str, index: int, step: Step, task_type: str = "t", **fields) -> Turn:
-    """A turn of task `task_id` at position `index` of trajectory `traj_id`, in the state and with the action of
-    `step`; `fields`: any other Turn field."""
+    """A turn of task `task_id` at position `index` of trajectory `traj_id`, in the state and with the action
+    of `step`; `fields`: any other Turn field."""
     return Turn(envs.Task(task_id, task_type, "alfworld", ""), traj_id, index, step, **fields)
 
 
@@ -17,7 +17,8 @@ def sample(prompt_ids: list[int], response_ids: list[int], advantage: float, sam
                 allowed=allowed)
 
 
-def teacher_requests(tokenizer, requests: list[tuple[str, str, list[int]]]) -> tuple[list[list[int]], list[Turn]]:
+def teacher_requests(tokenizer,
+                     requests: list[tuple[str, str, list[int]]]) -> tuple[list[list[int]], list[Turn]]:
     """(teacher prompt ids, turns) of (student user message, privileged text, response ids) triples, as
     teacher.teacher_signal hands them to teacher.score_turns (the privileged text goes before the message)."""
     from router import TeacherContext

@@ -1,6 +1,7 @@
-"""bench/gpu.py runs on CPU with the tiny architecture: both algorithms train through the project's loop, and the
-passes per trained token come out as the method says (update: exactly one forward and one backward per token;
-reference KL: one forward; teacher: matched turns only, none under GRPO; generation: about one forward).
+"""bench/gpu.py runs on CPU with the tiny architecture: both algorithms train through the project's loop, and
+the passes per trained token come out as the method says (update: exactly one forward and one backward per
+token; reference KL: one forward; teacher: matched turns only, none under GRPO;
+generation: about one forward).
 
 Run: pytest tests/test_bench_gpu.py -q
 """
@@ -14,7 +15,8 @@ import gpu  # noqa: E402
 
 def test_gpu_benchmark_runs_on_cpu_with_the_tiny_architecture(tmp_path, capsys):
     summary = gpu.main(["--arch", "tiny", "--device", "cpu", "--tasks", "2", "--group", "2", "--turns", "2",
-                        "--new-tokens", "6", "--room", "small", "--steps", "1", "--json", str(tmp_path / "s.json")])
+                        "--new-tokens", "6", "--room", "small", "--steps", "1",
+                        "--json", str(tmp_path / "s.json")])
     out = capsys.readouterr().out
     assert "step time ratio smrc-sd/grpo" in out and "passes per trained token" in out
     assert (tmp_path / "s.json").exists()
@@ -35,7 +37,8 @@ def test_gpu_benchmark_runs_on_cpu_with_the_tiny_architecture(tmp_path, capsys):
 
 
 def test_decode_profile_runs_every_variant_on_cpu(capsys):
-    summary = gpu.main(["--arch", "tiny", "--device", "cpu", "--steps", "0", "--decode-profile", "--profile-batch", "2",
-                        "--profile-prompt", "16", "--profile-new", "4", "--profile-repeats", "1"])
+    summary = gpu.main(["--arch", "tiny", "--device", "cpu", "--steps", "0", "--decode-profile",
+                        "--profile-batch", "2", "--profile-prompt", "16", "--profile-new", "4",
+                        "--profile-repeats", "1"])
     assert set(summary) == {"decode_ms_per_step"} and len(summary["decode_ms_per_step"]) == 4
     assert "ms per decode step" in capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""bench/learn.py end to end with tiny settings (2 steps, 2 evaluation games): every run trains and is evaluated with
-the project's own trainer and evaluation, the results are written, and a second call resumes instead of redoing work.
-The learning claim itself lives in the benchmark's output (README), not here.
+"""bench/learn.py end to end with tiny settings (2 steps, 2 evaluation games): every run trains and is
+evaluated with the project's own trainer and evaluation, the results are written, and a second call resumes
+instead of redoing work. The learning claim itself lives in the benchmark's output (README), not here.
 
 Run: pytest tests/test_learn.py -q
 """
@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0",
-         "--rows", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3", "--eval-every", "2", "--val-games", "2",
+         "--rows", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3", "--eval-every", "2",
+         "--val-games", "2",
          "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2",
          "--workers", "2"]
 
@@ -31,7 +32,8 @@ def test_a_row_name_gives_its_algorithm_lambda_and_alpha():
     from grpo import SD_COEF
     assert parse_row("grpo") == Row("grpo", 0.0)
     assert parse_row("smrc-sd") == Row("smrc-sd", PRESET_SD_COEF["learn"])
-    assert parse_row("sdar") == Row("sdar", SD_COEF["sdar"]) and parse_row("skill-sd").sd_coef == SD_COEF["skill-sd"]
+    assert (parse_row("sdar") == Row("sdar", SD_COEF["sdar"])
+            and parse_row("skill-sd").sd_coef == SD_COEF["skill-sd"])
     assert parse_row("grpo-opsd-lam0.05") == Row("grpo-opsd", 0.05)
     row = parse_row("oracle-fullpath-sd-a0.99-lam1")
     assert row == Row("fullpath-sd", 1.0, 0.99) and row.name == "oracle-fullpath-sd-a0.99-lam1"
@@ -42,8 +44,8 @@ def test_a_row_name_gives_its_algorithm_lambda_and_alpha():
 def test_plan_is_seed_major_with_one_folder_per_row_and_seed():
     """Every row at every seed, each seed's rows together; variants of α and λ never share a folder."""
     from bench.learn import LearnArgs, _run_dir, check_args, plan
-    args = LearnArgs(rows=("grpo", "oracle-smrc-sd-a0.5", "oracle-smrc-sd-a0.99", "smrc-sd-lam1"), seeds=(0, 3),
-                     out="OUT")
+    args = LearnArgs(rows=("grpo", "oracle-smrc-sd-a0.5", "oracle-smrc-sd-a0.99", "smrc-sd-lam1"),
+                     seeds=(0, 3), out="OUT")
     rows = check_args(args)
     jobs = plan(args, rows)
     assert [(r.name, s) for r, s in jobs] == [(n, s) for s in (0, 3) for n in (
@@ -54,20 +56,23 @@ def test_plan_is_seed_major_with_one_folder_per_row_and_seed():
 
 def test_pairs_are_against_grpo_and_smrc_against_fullpath_at_equal_lambda_and_alpha():
     from bench.learn import pairs, parse_row
-    rows = [parse_row(r) for r in ("grpo", "smrc-sd", "fullpath-sd", "oracle-smrc-sd-a0.99", "oracle-fullpath-sd-a0.5",
-                                   "oracle-fullpath-sd-a0.99", "smrc-sd-lam0.03")]
+    rows = [parse_row(r) for r in ("grpo", "smrc-sd", "fullpath-sd", "oracle-smrc-sd-a0.99",
+                                   "oracle-fullpath-sd-a0.5", "oracle-fullpath-sd-a0.99", "smrc-sd-lam0.03")]
     got = {(a.name, b.name) for a, b in pairs(rows)}
     assert got == {(r.name, "grpo") for r in rows[1:]} | {
-        ("smrc-sd-lam0.2", "fullpath-sd-lam0.2"), ("oracle-smrc-sd-a0.99-lam0.2", "oracle-fullpath-sd-a0.99-lam0.2")}
+        ("smrc-sd-lam0.2", "fullpath-sd-lam0.2"),
+        ("oracle-smrc-sd-a0.99-lam0.2", "oracle-fullpath-sd-a0.99-lam0.2")}
 
 
 def test_strength_per_run_by_hand():
-    """The finite median of the gradient ratio, the KL summed per distilled turn, the candidate-sampled share."""
+    """The finite median of the gradient ratio, the KL summed per distilled turn,
+    the candidate-sampled share."""
     from bench.learn_report import strength
     run = [{"actor/sd_grpo_grad_ratio": 0.5, "sd/teacher_minus_student_logp": -0.2, "sd/distilled_tokens": 10,
             "sd/distilled_turns": 2, "sd/candidate_routed_turns": 2, "sd/candidate_sampled_turns": 1},
-           {"actor/sd_grpo_grad_ratio": math.inf, "sd/teacher_minus_student_logp": -0.1, "sd/distilled_tokens": 20,
-            "sd/distilled_turns": 2, "sd/candidate_routed_turns": 2, "sd/candidate_sampled_turns": 2},
+           {"actor/sd_grpo_grad_ratio": math.inf, "sd/teacher_minus_student_logp": -0.1,
+            "sd/distilled_tokens": 20, "sd/distilled_turns": 2, "sd/candidate_routed_turns": 2,
+            "sd/candidate_sampled_turns": 2},
            {"actor/sd_grpo_grad_ratio": 0.9, "sd/distilled_tokens": 0, "sd/distilled_turns": 0},
            {"actor/sd_grpo_grad_ratio": 0.1, "sd/distilled_tokens": 0, "sd/distilled_turns": 0}]
     grpo = [{"actor/sd_grpo_grad_ratio": math.nan, "sd/distilled_turns": 0}]
@@ -80,11 +85,15 @@ def test_strength_per_run_by_hand():
 
 @pytest.mark.parametrize("change, flag", [
     (dict(steps=0), "--steps 0"), (dict(seeds=()), "--seeds (none)"), (dict(seeds=(0, 0)), "--seeds 0 0"),
-    (dict(rows=("grpo", "smrc")), "--rows smrc"), (dict(rows=("oracle-sdar-a0.5",)), "--rows oracle-sdar-a0.5"),
+    (dict(rows=("grpo", "smrc")), "--rows smrc"),
+    (dict(rows=("oracle-sdar-a0.5",)), "--rows oracle-sdar-a0.5"),
     (dict(rows=("oracle-smrc-sd-a1.5",)), "--rows oracle-smrc-sd-a1.5"),
-    (dict(rows=("oracle-smrc-sd",)), "--rows oracle-smrc-sd"), (dict(rows=("smrc-sd-a0.5",)), "--rows smrc-sd-a0.5"),
-    (dict(rows=("smrc-sd-lamnan",)), "--rows smrc-sd-lamnan"), (dict(rows=("grpo-lam0.2",)), "--rows grpo-lam0.2"),
-    (dict(rows=("smrc-sd", "smrc-sd-lam0.2")), "--rows smrc-sd smrc-sd-lam0.2"), (dict(rows=()), "--rows (none)"),
+    (dict(rows=("oracle-smrc-sd",)), "--rows oracle-smrc-sd"),
+    (dict(rows=("smrc-sd-a0.5",)), "--rows smrc-sd-a0.5"),
+    (dict(rows=("smrc-sd-lamnan",)), "--rows smrc-sd-lamnan"),
+    (dict(rows=("grpo-lam0.2",)), "--rows grpo-lam0.2"),
+    (dict(rows=("smrc-sd", "smrc-sd-lam0.2")), "--rows smrc-sd smrc-sd-lam0.2"),
+    (dict(rows=()), "--rows (none)"),
     (dict(group_size=1), "--group-size 1"), (dict(eval_every=-1), "--eval-every -1")])
 def test_bad_flags_are_one_error_line_before_anything_runs(tmp_path, monkeypatch, change, flag):
     """A sweep with a bad flag stops before the warm start's build (minutes) and writes nothing."""
@@ -99,8 +108,37 @@ def test_bad_flags_are_one_error_line_before_anything_runs(tmp_path, monkeypatch
 
 
 def _learn(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500)
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+
+
+def _check_gains_by_hand(out: Path, res: dict) -> None:
+    """GRPO's gain over the warm start, from the two evaluations' JSON: per seed (one seed: no SE) and
+    paired by task (each task's success over its k attempts, GRPO's minus the warm start's)."""
+    evals = {n: json.loads((out / "eval" / f"{n}.json").read_text())["rows"][0]
+             for n in ("grpo-seed0", "warm-start")}
+    gain, se = res["grpo_gain_avg@k"]
+    avg = {n: e["metrics"]["avg@2"] for n, e in evals.items()}
+    assert gain == pytest.approx(avg["grpo-seed0"] - avg["warm-start"])
+    assert math.isnan(se)
+    per_task = {}
+    for name, sign in (("grpo-seed0", 1), ("warm-start", -1)):
+        for e in evals[name]["episodes"]:
+            per_task[e["task_id"]] = per_task.get(e["task_id"], 0.0) + sign * float(e["won"]) / 2
+    assert res["paired_gain_avg@k"]["grpo"][0] == pytest.approx(sum(per_task.values()) / len(per_task))
+
+
+def _check_runs(out: Path) -> None:
+    """Each run trained 2 steps, validated in the loop at step 2 (--eval-every 2), saved, and was evaluated
+    at k = 2."""
+    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):
+        rows = [json.loads(x) for x in (out / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "rollout/success_rate" in r] == [1, 2]
+        assert [r["step"] for r in rows if "val/success_rate" in r] == [2]
+        assert (out / run / "step_000002" / "model.safetensors").exists()
+        assert json.loads((out / "eval" / f"{run}.json").read_text())["k"] == 2
+    oracle = json.loads((out / "oracle-smrc-sd-a0.5-lam0.3-seed0" / "config.json").read_text())
+    assert oracle["teacher"]["oracle"] == 0.5 and oracle["algo"] == "smrc-sd"  # the row's trainer flags
 
 
 def test_learn_runs_end_to_end_and_resumes(tmp_path):
@@ -119,46 +157,32 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert len(steps) == 2  # the run's two training steps
     assert ("sd/candidate_gain" in smrc) == any(m.get("sd/candidate_turns", 0) > 0 for m in steps)
     assert "sd/candidate_gain" not in res["rows"][1]  # GRPO has no teacher
-    assert all(r["train_min"][0] > 0 and r["eval_min"][0] > 0 for r in res["rows"][1:])  # each run's wall time
-    evals = {n: json.loads((tmp_path / "eval" / f"{n}.json").read_text())["rows"][0]
-             for n in ("grpo-seed0", "warm-start")}
-    gain, se = res["grpo_gain_avg@k"]  # one seed: its gain, and no SE over seeds
-    assert gain == pytest.approx(evals["grpo-seed0"]["metrics"]["avg@2"] - evals["warm-start"]["metrics"]["avg@2"])
-    assert math.isnan(se)
+    assert all(r["train_min"][0] > 0 and r["eval_min"][0] > 0 for r in res["rows"][1:])  # wall time per run
+    _check_gains_by_hand(tmp_path, res)
     assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3"}
-    per_task = {}  # by hand: each task's success over its k attempts, GRPO's minus the warm start's
-    for name, sign in (("grpo-seed0", 1), ("warm-start", -1)):
-        for e in evals[name]["episodes"]:
-            per_task[e["task_id"]] = per_task.get(e["task_id"], 0.0) + sign * float(e["won"]) / 2
-    assert res["paired_gain_avg@k"]["grpo"][0] == pytest.approx(sum(per_task.values()) / len(per_task))
-    assert set(res["paired_difference_avg@k"]) == {"smrc-sd-lam0.3 − grpo", "oracle-smrc-sd-a0.5-lam0.3 − grpo"}
-    assert res["seed_paired_difference_avg@k"]["smrc-sd-lam0.3 − grpo"]["seeds"] == 1  # one seed: no SE over seeds
-    oracle = json.loads((tmp_path / "oracle-smrc-sd-a0.5-lam0.3-seed0" / "config.json").read_text())
-    assert oracle["teacher"]["oracle"] == 0.5 and oracle["algo"] == "smrc-sd"  # the oracle row's own trainer flags
+    assert set(res["paired_difference_avg@k"]) == {"smrc-sd-lam0.3 − grpo",
+                                                   "oracle-smrc-sd-a0.5-lam0.3 − grpo"}
+    assert res["seed_paired_difference_avg@k"]["smrc-sd-lam0.3 − grpo"]["seeds"] == 1  # one seed: no SE
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
     assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
-    for run in ("grpo-seed0", "smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):
-        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows if "rollout/success_rate" in r] == [1, 2]
-        assert [r["step"] for r in rows if "val/success_rate" in r] == [2]  # --eval-every 2: the in-loop validation
-        assert (tmp_path / run / "step_000002" / "model.safetensors").exists()
-        assert json.loads((tmp_path / "eval" / f"{run}.json").read_text())["k"] == 2
+    _check_runs(tmp_path)
     assert "| smrc-sd-lam0.3 | 1 |" in (tmp_path / "results.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")}
-    for ckpt in tmp_path.glob("*/step_*"):  # a finished run is its metrics + evaluation (a sweep carried elsewhere)
+    for ckpt in tmp_path.glob("*/step_*"):  # a finished run is its metrics + evaluation (a sweep moved)
         shutil.rmtree(ckpt)
     again = _learn(tmp_path)  # everything is done: nothing is retrained or re-evaluated
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.jsonl")} == stamps
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]
-    for run in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):  # --report-only: what has finished only
+    for run in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"):  # --report-only: the finished
         shutil.rmtree(tmp_path / run)
     report = subprocess.run([sys.executable, str(ROOT / "bench" / "learn.py"), *SMOKE, "--out", str(tmp_path),
                              "--report-only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
-    assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]] == \
-        ["warm start (before RL)", "grpo"]
-    assert not (tmp_path / "smrc-sd-lam0.3-seed0").exists() and not (tmp_path / "oracle-smrc-sd-a0.5-lam0.3-seed0").exists()
+    names = [r["name"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]]
+    assert names == ["warm start (before RL)", "grpo"]
+    assert not any((tmp_path / r).exists()
+                   for r in ("smrc-sd-lam0.3-seed0", "oracle-smrc-sd-a0.5-lam0.3-seed0"))
 
 
 def test_seed_paired_difference_pairs_the_seeds_both_rows_have(tmp_path):

@@ -220,7 +220,8 @@ def test_every_distils_each_turn_with_or_without_a_reference_and_first_restricts
     bank = bank_with(REF, DETOUR, other)
     turns = turns_of(DETOUR) + turns_of(other)
     matches = routed(turns, bank, "every-turn", random.Random(0))
-    assert positions(matches[:4]) == positions(routed(turns_of(DETOUR), bank, "with-reference", random.Random(0)))
+    assert positions(matches[:4]) == positions(routed(turns_of(DETOUR), bank, "with-reference",
+                                                      random.Random(0)))
     assert matches[4:] == [WITHOUT_REFERENCE] * 2
     metrics = metrics_of(turns, matches, bank)
     assert (metrics["router/matched_turns"], metrics["router/matched_turns/group"],

@@ -1,5 +1,6 @@
 """smrc.py end to end through its real CLI (tiny preset): training changes the weights, checkpoints load with
-from_pretrained, SMRC-SD distils matched turns, resume reproduces the uninterrupted run, bad input fails clearly.
+from_pretrained, SMRC-SD distils matched turns, resume reproduces the uninterrupted run,
+bad input fails clearly.
 
 Run: pytest tests/test_smrc.py -q   (about 3 minutes on 2 cores)
 """
@@ -19,14 +20,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("alfworld", reason="the training loop runs on the real ALFWorld engine")
 # small enough for CI, big enough to exercise groups, halves of the rollout pipeline, routing and the update
-FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3", "--alfworld.max-steps", "4"]
+FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",
+        "--alfworld.max-steps", "4"]
 
 
 def run(*args, env=None, check=True):
     """smrc.py through its CLI, on one torch thread: a run's numbers then do not depend on the machine's core
     count (test_numbers_equal_the_recorded_run compares them bit for bit)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=900)
+    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -45,11 +47,12 @@ def smrc_run(tmp_path_factory):
 
 
 def test_the_end_of_a_run_says_what_it_made_and_how_to_evaluate_it(smrc_run):
-    """One last line: the newest checkpoint, the metrics file and an evaluate.py command for it that parses."""
+    """One last line: the newest checkpoint, the metrics file and an evaluate.py command for it that
+    parses."""
     last = (smrc_run / "stdout.txt").read_text().strip().splitlines()[-1]
     ckpt = smrc_run / "step_000002"
-    assert last == (f"[smrc] done: checkpoint {ckpt}, metrics {smrc_run / 'metrics.jsonl'}; evaluate it with: "
-                    f"python evaluate.py eval --checkpoint {ckpt} --split eval --k 4")
+    assert last == (f"[smrc] done: checkpoint {ckpt}, metrics {smrc_run / 'metrics.jsonl'}; "
+                    f"evaluate it with: python evaluate.py eval --checkpoint {ckpt} --split eval --k 4")
     import tyro
     from evaluate import EvalArgs
     args = tyro.cli(EvalArgs, args=last.split("python evaluate.py eval ", 1)[1].split())
@@ -62,8 +65,10 @@ def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(
     rows = metrics(smrc_run)
     assert [r["step"] for r in rows] == [1, 2]
     trained = AutoModelForCausalLM.from_pretrained(smrc_run / "step_000002")
-    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))  # the tiny preset's starting model
-    changed = [n for (n, p), q in zip(trained.named_parameters(), initial.parameters()) if not torch.equal(p, q)]
+    initial = AutoModelForCausalLM.from_pretrained(resolve("tiny-agent-quick"))  # the tiny preset's
+                                                                                 # starting model
+    changed = [n for (n, p), q in zip(trained.named_parameters(), initial.parameters())
+               if not torch.equal(p, q)]
     assert len(changed) == len(list(initial.parameters())), "every parameter should have moved"
     for key in ("rollout/success_rate", "rollout/valid_action_ratio", "actor/entropy", "actor/kl", "actor/lr",
                 "time/step_s", "time/tokens_per_s", "time/env_share", "rollout/response_tokens"):
@@ -79,7 +84,8 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
         assert r["sd/teacher_tokens"] > 0
         # the diagnostics: k1 KL on distilled tokens, the candidate's gain, the two terms' gradient norms
         assert r["sd/kl_student_teacher"] == pytest.approx(-r["sd/teacher_minus_student_logp"])
-        assert 0 < r["sd/candidate_turns"] <= r["sd/distilled_turns"] and math.isfinite(r["sd/candidate_gain"])
+        assert (0 < r["sd/candidate_turns"] <= r["sd/distilled_turns"]
+                and math.isfinite(r["sd/candidate_gain"]))
         g_pg, g_sd = r["actor/grad_norm_grpo"], r["actor/grad_norm_sd"]  # g_pg = 0 when every return is equal
         assert g_sd > 0 and r["actor/sd_grpo_grad_ratio"] == pytest.approx(g_sd / g_pg if g_pg else math.inf)
     resolved = json.loads((smrc_run / "config.json").read_text())["resolved"]
@@ -90,12 +96,14 @@ def test_smrc_sd_distils_matched_turns_only(smrc_run, capsys):
     folder = Path(resolve("tiny-agent-quick"))
     digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     assert init == {"model": "tiny-agent-quick", "path": str(folder), "sha256": {"model.safetensors": digest}}
-    assert smrc.config_from_run(smrc_run, "none").grpo.sd_coef == 0.1 and "unknown keys" not in capsys.readouterr().out
+    assert (smrc.config_from_run(smrc_run, "none").grpo.sd_coef == 0.1
+            and "unknown keys" not in capsys.readouterr().out)
     with gzip.open(smrc_run / "rollouts.jsonl.gz", "rt") as f:
         turns = [json.loads(line) for line in f]
     assert len(turns) == sum(r["rollout/turns"] * 6 for r in rows)
     assert sum(t["routed"] for t in turns) == sum(r["router/matched_turns"] for r in rows) > 0
-    for t in turns:  # structured routing: a routed turn's state equals the reference's state at the matched position
+    for t in turns:  # structured routing: a routed turn's state equals the reference's state
+                     # at the matched position
         assert (t["match"] is None) == (not t["routed"])
         if t["routed"]:
             assert t["match"]["ref_signature"] == t["signature"], t
@@ -113,9 +121,9 @@ def _sha256(path: Path) -> str:
 def test_numbers_equal_the_recorded_run(smrc_run):
     """smrc_run's metrics (times aside) and final weights equal the recorded ones (first recorded before issue
     22's refactor, again with warm start v21), bit for bit: a change of code alone keeps every number (a
-    diagnostic added later, e.g. issue 36's sd/candidate_sampled_share, adds keys; the recorded ones stay). Skipped
-    where the warm start itself came out other (another machine's arithmetic), since every number follows from
-    it."""
+    diagnostic added later, e.g. issue 36's sd/candidate_sampled_share, adds keys; the recorded ones stay).
+    Skipped where the warm start itself came out other (another machine's arithmetic), since every number
+    follows from it."""
     from embedded.warmstart import resolve
     recorded = json.loads(RECORDED.read_text())
     if _sha256(Path(resolve("tiny-agent-quick")) / "model.safetensors") != recorded["warm_start_sha256"]:
@@ -146,8 +154,8 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
         eps, _ = rollout.collect_rollouts(engine, pool, tok, tasks, cfg.rollout, cfg.alfworld, tag="t",
                                           show_progress=False)
     markers = [router.SUMMARY_TEMPLATE.split("\n")[0], router.CANDIDATE_TEMPLATE.split("\n")[0][:20],
-               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.SKILL_TEMPLATE.split("\n")[0], "General skills",
-               router.CLOSING_TEMPLATE, "('task',", "signature"]
+               router.TRAJECTORY_TEMPLATE.split("\n")[0][:20], router.SKILL_TEMPLATE.split("\n")[0],
+               "General skills", router.CLOSING_TEMPLATE, "('task',", "signature"]
     for t in (t for e in eps for t in e.turns):
         assert not any(m in t.user_text for m in markers), t.user_text
         assert tok.decode(t.prompt_ids) .count("<|im_start|>user") == 1
@@ -160,7 +168,8 @@ def test_resume_reproduces_the_uninterrupted_run(smrc_run, tmp_path):
     def archive_steps(run_dir):
         with gzip.open(run_dir / "rollouts.jsonl.gz", "rt") as f:
             return [json.loads(line)["step"] for line in f]
-    assert archive_steps(part) == archive_steps(full)   # no archived turn lost or written twice across the resume
+    assert archive_steps(part) == archive_steps(full)   # no archived turn lost or written twice
+                                                        # across the resume
     a, b = metrics(full)[1], metrics(part)[1]
     assert a["step"] == b["step"] == 2
     for k in a:
@@ -176,31 +185,39 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     assert (cfg.router.matcher, cfg.router.context) == ("structured", "trajectory")
     cfg = smrc.parse_config(["--preset", "tiny", "--algo", "smrc-sd"])
     assert (cfg.router.matcher, cfg.router.context, cfg.model) == ("structured", "smrc", "tiny-agent-quick")
-    table = {a: (smrc.parse_config(["--algo", a]).router.matcher, smrc.parse_config(["--algo", a]).router.context,
+    table = {a: (smrc.parse_config(["--algo", a]).router.matcher,
+                 smrc.parse_config(["--algo", a]).router.context,
                  smrc.parse_config(["--algo", a]).grpo.sd_loss) for a in ("skill-sd", "sdar", "grpo-opsd")}
     assert table == {"skill-sd": ("every-turn", "skill", "skill-sd"), "sdar": ("every-turn", "skill", "sdar"),
                      "grpo-opsd": ("every-turn", "skill", "grpo-opsd")}
-    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "fullpath"])  # a trajectory context: FullPath routing
-    assert (cfg.router.matcher, cfg.router.context, cfg.grpo.sd_loss) == ("with-reference", "trajectory", "sdar")
-    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "full", "--router.matcher", "all"])  # old names
+    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "fullpath"])  # a trajectory context:
+                                                                                 # FullPath routing
+    assert ((cfg.router.matcher, cfg.router.context, cfg.grpo.sd_loss)
+            == ("with-reference", "trajectory", "sdar"))
+    cfg = smrc.parse_config(["--algo", "sdar", "--router.context", "full",
+                             "--router.matcher", "all"])  # old names
     assert (cfg.router.matcher, cfg.router.context) == ("with-reference", "smrc")
     cfg = smrc.parse_config(["--algo", "smrc-sd", "--grpo.sd-loss", "skill-sd"])
     assert (cfg.router.matcher, cfg.grpo.sd_loss) == ("structured", "skill-sd")
-    with pytest.raises(SystemExit, match="^error: --router.matcher every-turn .* --router.context smrc needs"):
+    with pytest.raises(SystemExit,
+                       match="^error: --router.matcher every-turn .* --router.context smrc needs"):
         smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
     for algo in ("sdar", "grpo"):  # no reference candidate to be an oracle of
         with pytest.raises(SystemExit, match="^error: --teacher.oracle needs a reference candidate"):
-            smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--algo", algo, "--teacher.oracle", "0.5"]))
+            smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--algo", algo,
+                                                 "--teacher.oracle", "0.5"]))
 
 
 def test_lambda_applied_after_algo_preset_and_flag():
-    """A preset's λ is of the reverse-kl forms only; the skill-text forms keep their anchor λ; --grpo.sd-coef wins."""
+    """A preset's λ is of the reverse-kl forms only; the skill-text forms keep their anchor λ;
+    --grpo.sd-coef wins."""
     import smrc
-    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"), ("none", "fullpath-sd"),
-            ("learn", "sdar", "--grpo.sd-coef", "0.5"), ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
+    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"),
+            ("none", "fullpath-sd"), ("learn", "sdar", "--grpo.sd-coef", "0.5"),
+            ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
     lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).grpo.sd_coef
            for preset, algo, *flags in runs]
-    assert lam == [0.3, 0.3, 0.01, 0.001, 1.0, 0.5, 0.01]
+    assert lam == [0.2, 0.2, 0.01, 0.001, 1.0, 0.5, 0.01]
 
 
 def _distils_every_turn(rows: list[dict]) -> None:
@@ -217,7 +234,8 @@ def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
                "--eval-tasks", "2", "--output-dir", str(tmp_path))
     assert "matcher=every-turn context=skill L_SD=skill-sd" in proc.stdout
     rows = metrics(tmp_path)
-    train, val = [r for r in rows if "val/success_rate" not in r], [r for r in rows if "val/success_rate" in r]
+    train, val = ([r for r in rows if "val/success_rate" not in r],
+                  [r for r in rows if "val/success_rate" in r])
     assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [1, 2]
     _distils_every_turn(train)
     assert all(r["actor/sd_gate"] == 1.0 for r in train)  # no gate in this form
@@ -226,7 +244,8 @@ def test_skill_sd_trains_two_steps_with_in_loop_validation(tmp_path):
         assert len([k for k in r if k.startswith("val/success/")]) == 2  # stratified: two task types
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["step"] in (1, 2) and best["val/success_rate"] == max(r["val/success_rate"] for r in val)
-    assert (tmp_path / "best" / "model.safetensors").exists() and (tmp_path / "best" / "smrc_config.json").exists()
+    assert ((tmp_path / "best" / "model.safetensors").exists()
+            and (tmp_path / "best" / "smrc_config.json").exists())
 
 
 def test_sdar_trains_two_steps(tmp_path):
@@ -243,11 +262,12 @@ def test_sdar_trains_two_steps(tmp_path):
 @pytest.mark.parametrize("algo,alpha,matcher", [("fullpath-sd", "1", "with-reference"),
                                                 ("smrc-sd", "0.5", "structured")])
 def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
-    """--teacher.oracle: the same routed turns distilled without a teacher forward; the oracle's candidate gain
-    log((1−α)·π(c) + α) − log π(c) is >= 0."""
+    """--teacher.oracle: the same routed turns distilled without a teacher forward; the oracle's candidate
+    gain log((1−α)·π(c) + α) − log π(c) is >= 0."""
     proc = run(*FAST, "--algo", algo, "--teacher.oracle", alpha, "--steps", "2", "--save-every", "2",
                "--output-dir", str(tmp_path))
-    assert f"matcher={matcher} context=" in proc.stdout and f"lambda=0.1 oracle alpha={alpha} |" in proc.stdout
+    assert (f"matcher={matcher} context=" in proc.stdout
+            and f"lambda=0.1 oracle alpha={alpha} |" in proc.stdout)
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -258,7 +278,8 @@ def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
 
 
 def _fields(cls, prefix=""):
-    """(flag, field, the dataclass declaring it) of every option of a config tree, nested sections included."""
+    """(flag, field, the dataclass declaring it) of every option of a config tree,
+    nested sections included."""
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
@@ -269,25 +290,31 @@ def _fields(cls, prefix=""):
 
 
 def _documented(cls) -> set[str]:
-    """The fields of `cls` followed by an attribute docstring in its source (what tyro turns into --help text)."""
+    """The fields of `cls` followed by an attribute docstring in its source (what tyro turns into --help
+    text)."""
     import ast
     import inspect
     body = ast.parse(inspect.getsource(cls).strip()).body[0].body
     return {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
-            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+            and isinstance(b.value.value, str)}
 
 
 def test_help_documents_every_section():
-    """Every option of every config section is a flag in --help, with its own attribute docstring as help text."""
+    """Every option of every config section is a flag in --help, with its own attribute docstring as help
+    text."""
     import config
     out = run("--help").stdout
     options = list(_fields(config.Config))
     assert len(options) > 80 and {f.rsplit(".", 1)[0] for f, _, _ in options if "." in f} >= {
-        "--alfworld", "--webshop", "--rollout", "--rollout.sampling", "--grpo", "--router", "--teacher", "--dist"}
+        "--alfworld", "--webshop", "--rollout", "--rollout.sampling", "--grpo", "--router", "--teacher",
+        "--dist"}
     for flag, name, owner in options:
         head, _, last = flag[2:].rpartition(".")
-        assert flag in out or f"--{head + '.' if head else ''}no-{last}" in out, flag  # a bool may show as --no-X
-        assert name in _documented(owner), f"{owner.__name__}.{name} has no docstring (no --help text for {flag})"
+        assert flag in out or f"--{head + '.' if head else ''}no-{last}" in out, flag  # a bool may show as
+                                                                                       # --no-X
+        assert name in _documented(owner), \
+            f"{owner.__name__}.{name} has no docstring (no --help text for {flag})"
 
 
 def test_missing_alfworld_data_is_one_clear_error(tmp_path):
@@ -298,8 +325,9 @@ def test_missing_alfworld_data_is_one_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Runs that survive: bad input is one error line before any heavy work; a non-finite update is skipped, never saved
+# ------------------------------------------------------------------------------------------------------------
+# Runs that survive: bad input is one error line before any heavy work; a non-finite update is skipped,
+# never saved
 
 BAD_CONFIG = [  # (flags, the flag the error names)
     (["--grpo.lr", "nan"], "--grpo.lr"),
@@ -331,7 +359,8 @@ def test_config_validation_table(flags, named):
     from scale.preflight import validate_config
     with pytest.raises(SystemExit) as e:
         validate_config(smrc.parse_config(["--preset", "tiny", *flags]))
-    assert str(e.value).startswith(f"error: {named} ") and "allowed:" in str(e.value) and "\n" not in str(e.value)
+    assert (str(e.value).startswith(f"error: {named} ") and "allowed:" in str(e.value)
+            and "\n" not in str(e.value))
     validate_config(smrc.parse_config(["--preset", "tiny"]))  # the preset itself passes
 
 
@@ -339,7 +368,8 @@ def test_bad_input_is_one_error_line_before_any_work(tmp_path):
     used = tmp_path / "used"
     for step in (2, 4, 8):
         (used / f"step_{step:06d}").mkdir(parents=True)
-    for flags, expected in [(["--grpo.lr", "nan", "--output-dir", str(tmp_path / "new")], "error: --grpo.lr nan"),
+    for flags, expected in [(["--grpo.lr", "nan", "--output-dir", str(tmp_path / "new")],
+                             "error: --grpo.lr nan"),
                             (["--output-dir", str(used)], "--resume")]:
         proc = run("--preset", "tiny", *flags, check=False)
         assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-2000:]
@@ -362,7 +392,8 @@ def test_nan_loss_is_skipped_counted_never_saved_and_stops_the_run(tmp_path, mon
     monkeypatch.setattr(smrc, "set_advantages", nan_advantages)
     cfg = smrc.parse_config(["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2",
                              "--alfworld.max-steps", "2", "--alfworld.num-workers", "0", "--steps", "3",
-                             "--save-every", "1", "--grpo.max-nonfinite-steps", "2", "--output-dir", str(tmp_path)])
+                             "--save-every", "1", "--grpo.max-nonfinite-steps", "2",
+                             "--output-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="^error: 2 optimizer steps in a row had a non-finite loss"):
         smrc.main(cfg)
     assert len(calls) == 2 and "1 non-finite steps skipped" in capsys.readouterr().out
@@ -386,10 +417,12 @@ def test_resume_from_a_corrupt_checkpoint_names_the_file_and_the_intact_one(smrc
     proc = run(*FAST, "--steps", "3", "--resume", "--output-dir", str(run_dir), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("error:") and str(weights) in line and f"--resume-from {run_dir / 'step_000001'}" in line
-    small = ["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2", "--alfworld.max-steps",
-             "2"]  # one cheap step from the intact checkpoint
-    proc = run(*small, "--steps", "2", "--resume-from", str(run_dir / "step_000001"), "--output-dir", str(run_dir))
+    assert (line.startswith("error:") and str(weights) in line
+            and f"--resume-from {run_dir / 'step_000001'}" in line)
+    small = ["--preset", "tiny", "--rollout.tasks-per-step", "1", "--rollout.group-size", "2",
+             "--alfworld.max-steps", "2"]  # one cheap step from the intact checkpoint
+    proc = run(*small, "--steps", "2", "--resume-from", str(run_dir / "step_000001"),
+               "--output-dir", str(run_dir))
     assert [r["step"] for r in metrics(run_dir)] == [1, 2] and "steps 1->2" in proc.stdout
     assert (run_dir / "step_000002.after_step_1" / "model.safetensors").exists()  # set aside, not deleted
     assert len(list(run_dir.glob("metrics.after_step_1*.jsonl"))) == 1
@@ -399,8 +432,9 @@ def test_data_and_model_are_checked_before_the_config_dump(tmp_path):
     for flags, expected in [(["--alfworld.source", "official"], "ALFWORLD_DATA"),
                             (["--model", str(tmp_path / "no-model")], "--model")]:
         out = tmp_path / flags[-1].replace("/", "_")
-        proc = run("--preset", "tiny", *flags, "--output-dir", str(out), env={"ALFWORLD_DATA": str(tmp_path / "no")},
-                   check=False)
-        assert proc.returncode != 0 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        proc = run("--preset", "tiny", *flags, "--output-dir", str(out),
+                   env={"ALFWORLD_DATA": str(tmp_path / "no")}, check=False)
+        assert (proc.returncode != 0 and expected in proc.stderr
+                and "Traceback" not in proc.stderr), proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and '"preset"' not in proc.stdout  # no config dump
         assert not out.exists()  # no config.json for a run that never starts

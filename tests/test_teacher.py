@@ -56,9 +56,10 @@ def test_teacher_logprobs_equal_a_hand_sliced_forward(tiny):
         assert len(lp) == R
         assert torch.allclose(torch.tensor(lp), expected[:, 0], atol=1e-4)
     assert stats["sd/over_length_turns"] == 0
-    assert stats["sd/teacher_tokens"] == sum(len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text)))
-                                             + len(response)
-                                             for user_text, context, response in reqs)
+    assert stats["sd/teacher_tokens"] == sum(
+        len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text)))
+        + len(response)
+        for user_text, context, response in reqs)
 
 
 def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
@@ -81,7 +82,8 @@ def test_teacher_builds_no_graph_and_uses_the_policy_weights(tiny):
 def test_over_length_teacher_prompt_is_routed_to_grpo_and_counted(tiny):
     model, tok = tiny
     reqs = _requests(tok)
-    lengths = [len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text))) for user_text, context, _ in reqs]
+    lengths = [len(chat_ids(tok, teacher_user_text(TeacherContext((context,), ()), user_text)))
+               for user_text, context, _ in reqs]
     budget = sorted(lengths)[1]  # the longest prompt is over the budget
     scored, stats = _score(model, tok, reqs, TeacherConfig(max_prompt_tokens=budget))
     over = [i for i, n in enumerate(lengths) if n > budget]
