@@ -25,6 +25,7 @@ from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
 from scale.checkpoint import fill_dataclass
+from scale.config_file import check_settings, read_settings
 from scale.distributed import DistConfig
 from teacher import TeacherConfig
 
@@ -45,9 +46,12 @@ ALGOS = {
 
 @dataclass
 class Config:
+    config: str = ""
+    """a YAML or JSON file of settings (any field below, nested as in a run's config.json: `grpo: {lr:
+    1.0e-6}`; configs/ holds one per paper row); applied after --preset, and the other flags override it"""
     preset: Literal["none", "tiny", "learn"] = "none"
-    """named preset applied before the other flags; tiny = CPU smoke run of tiny-agent-quick on small
-    generated games; learn = the CPU mini-reproduction of bench/learn.py"""
+    """named preset applied before the config file and the other flags; tiny = CPU smoke run of
+    tiny-agent-quick on small generated games; learn = the CPU mini-reproduction of bench/learn.py"""
     env: Literal["alfworld", "webshop"] = "alfworld"
     """environment"""
     algo: Literal["grpo", "fullpath-sd", "smrc-sd", "skill-sd", "sdar", "grpo-opsd"] = "smrc-sd"
@@ -79,6 +83,9 @@ class Config:
     128)"""
     eval_temperature: float = 0.4
     """validation sampling temperature (verl-agent and SDAR: 0.4)"""
+    log_with: tuple[Literal["wandb", "tensorboard", "mlflow"], ...] = ()
+    """experiment trackers that also get every metrics row and the resolved config, offline into the run
+    folder by default (scale/trackers.py; pip install -r requirements-tracking.txt)"""
     archive_max_turns: int = 1_000_000
     """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are
     counted, not written (0 = no archive)"""
@@ -169,19 +176,32 @@ def learn_preset() -> Config:
 PRESETS = {"none": Config, "tiny": tiny_preset, "learn": learn_preset}
 
 
-def parse_config(argv: list[str], description: str | None = None) -> Config:
-    """The resolved config of a command line: `--preset NAME` picks the defaults, every other flag overrides
-    them (tyro shows all fields in --help, under `description`), then `resolve` fills in what --algo
-    decides."""
-    name = "none"
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` in argv (the last one given), else None."""
+    value = None
     for i, a in enumerate(argv):
-        if a == "--preset" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif a.startswith("--preset="):
-            name = a.split("=", 1)[1]
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def parse_config(argv: list[str], description: str | None = None) -> Config:
+    """The resolved config of a command line: `--preset NAME` picks the defaults, `--config FILE` (YAML or
+    JSON, scale/config_file.py) overrides them, every other flag overrides both (tyro shows all fields in
+    --help, under `description`), then `resolve` fills in what --algo decides. A file's own `preset` key
+    picks the defaults when the command line has no --preset."""
+    path = _flag(argv, "--config")
+    settings = read_settings(path) if path else {}
+    if settings:
+        check_settings(Config, settings, path)
+    name = _flag(argv, "--preset") or settings.get("preset", "none")
     if name not in PRESETS:
         raise SystemExit(f"unknown --preset {name!r}; choose from {sorted(PRESETS)}")
-    return resolve(tyro.cli(Config, default=PRESETS[name](), args=argv, description=description or __doc__))
+    defaults = PRESETS[name]()
+    fill_dataclass(defaults, settings)  # kinds checked above: no unknown key, no ValueError
+    return resolve(tyro.cli(Config, default=defaults, args=argv, description=description or __doc__))
 
 
 def config_from_run(path: Path | None, preset: str) -> Config:

@@ -71,8 +71,9 @@ from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
-from scale.checkpoint import derived_seed
+from scale.checkpoint import derived_seed, step_of
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
+from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
 
 # ------------------------------------------------------------------------------------------------------------
@@ -159,6 +160,9 @@ class EvalArgs:
     """Fixed-panel evaluation of checkpoints and a baseline; one row per model in one table."""
     checkpoint: tuple[str, ...] = ()
     """checkpoint directories (step_XXXXXX/ of a run), one table row each"""
+    log_with: tuple[Literal["wandb", "tensorboard", "mlflow"], ...] = ()
+    """also log each checkpoint's row to its run's trackers (the same tracker runs as training, by the run
+    folder's trackers.json), as eval/<metric> at the checkpoint's step"""
     baseline: str | None = None
     """untrained model for the first row: 'tiny', 'smollm2', a directory or a hub id"""
     preset: Literal["none", "tiny", "learn"] = "none"
@@ -326,12 +330,18 @@ def run_eval(args: EvalArgs) -> dict:
           + (" (--limit: NOT the full panel)" if len(tasks) < n_panel else " (full panel)"), flush=True)
     models = ([(args.baseline, f"baseline ({args.baseline})")] if args.baseline else []) + \
         [(c, f"{Path(c).resolve().parent.name}/{Path(c).name}") for c in args.checkpoint]
+    trackers = {c: Trackers(args.log_with, Path(c).resolve().parent) for c in args.checkpoint}  # fail early
     pool = EnvPool(cfg.env_cfg)
     try:
         rows = [{**evaluate_model(name, label, tasks, cfg, args, pool), "checksums": checked.get(name, "-")}
                 for name, label in models]
     finally:
         pool.close()
+    for row in rows:
+        if row["model"] in trackers:
+            trackers[row["model"]].log({"step": step_of(Path(row["model"])) or 0,
+                                        **{f"eval/{k}": v for k, v in row["metrics"].items()}})
+            trackers[row["model"]].close()
     table = markdown_table(rows, args.k, cfg.env)
     result = {"env": cfg.env, "split": args.split, "k": args.k,
               "temperature": cfg.rollout.sampling.temperature,

@@ -57,6 +57,7 @@ from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
 from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
+from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
 
 NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step limit (a plan may be long)
@@ -81,6 +82,7 @@ class Setup:
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
     memory: Memory | None = None  # per-phase peak memory and the out-of-memory watchdog (scale/memory.py)
+    trackers: Trackers | None = None  # wandb / TensorBoard / MLflow: every metrics row also goes there
 
 
 def step_tasks(cfg: Config, run: Setup, world: World, step: int) -> list[envs.Task]:
@@ -198,9 +200,11 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
                           cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
     validation = Validation(tasks[1], cfg.rollout, cfg.env_cfg, cfg.eval_temperature, cfg.seed, out,
                             cfg.steps)
+    config = None if ckpt else {**dataclasses.asdict(cfg), "resolved": cfg.resolved()}  # a resume keeps it
+    trackers = Trackers(cfg.log_with if world.is_main else (), out, config, start)
     return Setup(train_tasks=tasks[0], model=model, tokenizer=tokenizer, ref_model=ref_model,
                  optimizer=optimizer, bank=bank, start=start, engine=engine, validation=validation,
-                 nonfinite=guards["nonfinite_streak"], memory=Memory(world.device))
+                 nonfinite=guards["nonfinite_streak"], memory=Memory(world.device), trackers=trackers)
 
 
 def main(cfg: Config) -> None:
@@ -236,6 +240,7 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
             train_step(cfg, world, pool, run, step)
     finally:
         run.memory.close()
+        run.trackers.close()
         if run.replay_env is not None:
             run.replay_env.close()
         getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's exit hook)
@@ -292,9 +297,11 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
              "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
     everyone = world.gather(local)
     if world.is_main:
-        log_step(Path(cfg.output_dir), step + 1, cfg.steps, everyone, actor, run.bank, cfg.archive_max_turns)
+        run.trackers.log(log_step(Path(cfg.output_dir), step + 1, cfg.steps, everyone, actor, run.bank,
+                                  cfg.archive_max_turns))
     if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
         row = validate(run.validation, run.engine, pool, run.tokenizer, step + 1, world)
+        run.trackers.log(row)  # None on ranks > 0
         save_best(Path(cfg.output_dir), run.model, run.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
         save_checkpoint(Path(cfg.output_dir), step + 1, run.model, run.tokenizer, run.optimizer, run.bank,

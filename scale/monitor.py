@@ -51,9 +51,9 @@ class Validation:
 
 
 def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict, bank,
-             archive_cap: int) -> None:
+             archive_cap: int) -> dict:
     """Reduce every rank's numbers to one metrics row (the same meaning as a single-process run), write it
-    with the gathered archive rows (up to `archive_cap` turns in all), print it."""
+    with the gathered archive rows (up to `archive_cap` turns in all), print it; returns the row."""
     def total(key, sub):
         return sum(r[key][sub] for r in everyone)
     stats = [st for r in everyone for st in r["rollout"]]
@@ -96,6 +96,7 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
           + (f" | {actor['actor/nonfinite_skips']} non-finite steps skipped"
              if actor["actor/nonfinite_skips"] else ""),
           flush=True)
+    return m
 
 
 def _ratio_text(x: float) -> str:
