@@ -69,6 +69,10 @@ class Config:
     """checkpoint every N steps (and always at the end)"""
     keep_checkpoints: int = 3
     """checkpoints kept (oldest deleted first)"""
+    preempt_grace_s: float = 30.0
+    """after SIGTERM or SIGINT the run stops at the end of the step in flight, and saves a checkpoint there if
+    the save fits this many seconds from the signal (a scheduler's SIGTERM -> SIGKILL window: Slurm's and
+    Kubernetes' default 30 s; scale/preempt.py)"""
     resume: bool = False
     """continue from the latest checkpoint in output_dir (without it, a folder holding checkpoints is
     refused)"""

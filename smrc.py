@@ -30,6 +30,8 @@ analysis/, bench/ beside evaluate.py).
 
 import copy
 import dataclasses
+import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -57,6 +59,7 @@ from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
 from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
+from scale.preempt import Preempted, StopSignals
 from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
 
@@ -83,6 +86,7 @@ class Setup:
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
     memory: Memory | None = None  # per-phase peak memory and the out-of-memory watchdog (scale/memory.py)
     trackers: Trackers | None = None  # wandb / TensorBoard / MLflow: every metrics row also goes there
+    saved: tuple[int, float] = (0, 0.0)  # (step, seconds) of the newest checkpoint this process wrote
 
 
 def step_tasks(cfg: Config, run: Setup, world: World, step: int) -> list[envs.Task]:
@@ -214,16 +218,23 @@ def main(cfg: Config) -> None:
     # the folder is this run's alone (a lock) while it runs; the checkpoint to resume is verified before the
     # config is recorded: what --algo, the preset and the flags resolved to (the λ applied, ...) and the
     # initial weights' sha256 (an embedded model is built then, by rank 0)
-    with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as ckpt:
-        seed_step(cfg.seed, 0, world.rank)
-        # first: the workers fork before any model or engine exists; sized for this rank's episodes
-        episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size
-        pool = EnvPool(cfg.env_cfg, episodes=episodes)
-        try:
-            train(cfg, world, pool, tasks, ckpt)
-        finally:
-            pool.close()
-            distributed.close(world)
+    try:
+        with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as ckpt:
+            seed_step(cfg.seed, 0, world.rank)
+            # first: the workers fork before any model or engine exists; sized for this rank's episodes
+            episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size
+            pool = EnvPool(cfg.env_cfg, episodes=episodes)
+            try:
+                train(cfg, world, pool, tasks, ckpt)
+            finally:
+                pool.close()
+                distributed.close(world)
+    except Preempted as p:  # the lock is released and the workers are gone: say where the run stands
+        args = [a for a in COMMAND_LINE if a != "--resume"]
+        name, newest = signal.Signals(p.signum).name, latest_checkpoint(Path(cfg.output_dir))
+        print0(world, f"[smrc] stopped by {name} after step {p.step}{p.note}; newest checkpoint {newest}; "
+                      f"continue with: python smrc.py {shlex.join(args)} --resume")
+        sys.exit(128 + p.signum)
 
 
 def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ckpt: Path | None) -> None:
@@ -235,9 +246,13 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
                   f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
                   f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
     run.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
+    run.saved = (run.start, 0.0)
     try:
-        for step in range(run.start, cfg.steps):
-            train_step(cfg, world, pool, run, step)
+        with StopSignals(cfg.preempt_grace_s) as stop:  # SIGTERM / SIGINT: stop between steps
+            for step in range(run.start, cfg.steps):
+                train_step(cfg, world, pool, run, step)
+                if stop.requested(world):
+                    stop_after(cfg, world, run, step + 1, stop)
     finally:
         run.memory.close()
         run.trackers.close()
@@ -304,9 +319,28 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
         run.trackers.log(row)  # None on ranks > 0
         save_best(Path(cfg.output_dir), run.model, run.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-        save_checkpoint(Path(cfg.output_dir), step + 1, run.model, run.tokenizer, run.optimizer, run.bank,
-                        cfg, world, guards={"nonfinite_streak": run.nonfinite})
+        save(cfg, world, run, step + 1)
 
+
+def save(cfg: Config, world: World, run: Setup, step: int) -> None:
+    t0 = time.perf_counter()
+    save_checkpoint(Path(cfg.output_dir), step, run.model, run.tokenizer, run.optimizer, run.bank, cfg, world,
+                    guards={"nonfinite_streak": run.nonfinite})
+    run.saved = (step, time.perf_counter() - t0)
+
+
+def stop_after(cfg: Config, world: World, run: Setup, step: int, stop: StopSignals) -> None:
+    """The stop a signal asked for, after `step`: a checkpoint of it if the newest is older and the save
+    (timed as the last one) fits the grace period; then Preempted, which smrc.main reports."""
+    newer = run.saved[0] < step
+    if newer and stop.fits(run.saved[1]):
+        save(cfg, world, run, step)
+    note = "" if not newer or run.saved[0] == step else \
+        f"; no checkpoint of step {step}: it would not fit --preempt-grace-s {cfg.preempt_grace_s:g}"
+    raise Preempted(stop.signum or signal.SIGTERM, step, run.saved[0] == step, note)
+
+
+COMMAND_LINE = sys.argv[1:]  # as given (a planner library rewrites sys.argv later): the resume command's
 
 if __name__ == "__main__":
-    main(parse_config(sys.argv[1:], __doc__))
+    main(parse_config(COMMAND_LINE, __doc__))

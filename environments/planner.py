@@ -31,9 +31,11 @@ from envs import EnvError, PlanResult, Task
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the planner process's first lines: the parent-death signal (1 = PR_SET_PDEATHSIG, 9 = SIGKILL) before any
-# import that takes time, so a trainer killed during the start-up takes the planner with it at once
-_BOOT = ("import ctypes, os, sys\n"
+# import that takes time, so a trainer killed during the start-up takes the planner with it at once; SIGTERM
+# and SIGINT are the trainer's to handle (scale/preempt.py)
+_BOOT = ("import ctypes, os, signal, sys\n"
          "if sys.platform.startswith('linux'): ctypes.CDLL(None).prctl(1, 9)\n"
+         "for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)\n"
          "if os.getppid() != int(sys.argv[1]): os._exit(0)\n"
          "sys.path.insert(0, sys.argv[2])\n"
          "from environments.planner import serve\n"

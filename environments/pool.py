@@ -47,6 +47,8 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
     for c in inherited:
         c.close()
     die_with_parent(parent_pid)
+    for s in (signal.SIGTERM, signal.SIGINT):  # the trainer's (scale/preempt.py): it closes the pool
+        signal.signal(s, signal.SIG_IGN)
     slots = {}
     while True:
         try:

@@ -339,10 +339,28 @@ def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None) -
         saved = {}
     changed = {k: [saved.get(k), v] for k, v in _flat(values).items()
                if saved.get(k) != v and k not in ("resume", "resume_from")}
+    check_same_run(changed, step_of(ckpt), cfg.steps, bool(saved))
     row = {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed}
     append_line(out / RESUMES, json.dumps(row))
     print(f"[resume] from {ckpt}; {len(changed)} flags differ from its config (recorded in {out / RESUMES}, "
           f"config.json unchanged): {sorted(changed)}", flush=True)
+
+
+RUN_IDENTITY = ("env", "model", "algo", "grpo.sd_loss")  # what a resume may not change: another run's
+
+
+def check_same_run(changed: dict, step: int | None, steps: int, known: bool) -> None:
+    """A resume is the same run: the fields that define it (RUN_IDENTITY: the environment, the model and so
+    the tokenizer and the KL reference, the algorithm, the form of L_SD) are the checkpoint's, and --steps
+    goes beyond its step; else one error line. `known`: the checkpoint has its run's config."""
+    fixed = [k for k in RUN_IDENTITY if k in changed] if known else []
+    if fixed:
+        said = ", ".join(f"--{k.replace('_', '-')} {changed[k][0]} -> {changed[k][1]}" for k in fixed)
+        raise SystemExit(f"error: --resume continues the run in its checkpoint, which these flags would make "
+                         f"another run: {said}; drop them, or start the other run in a new --output-dir")
+    if step is not None and steps <= step:
+        raise SystemExit(f"error: --steps {steps} is not beyond the checkpoint's step {step}: nothing to "
+                         f"train; give --steps > {step} to continue the run")
 
 
 def _flat(tree: dict, where: str = "") -> dict:

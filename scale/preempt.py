@@ -1,0 +1,58 @@
+"""A preemption-safe stop. A scheduler sends SIGTERM some seconds before SIGKILL; Ctrl-C sends SIGINT. Either
+one asks the trainer to stop at the next safe point, the end of the step in flight (a save in flight
+finishes first). It then saves a checkpoint if the newest one is older than that step and the save fits in
+the grace period counted from the signal (`--preempt-grace-s`, as a scheduler's SIGTERM -> SIGKILL window;
+the estimate is the run's last save time). The trainer prints the newest checkpoint and the exact command
+that continues the run, releases its lock and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT). A
+second signal stops at once, also without a traceback; the newest checkpoint stays. Env workers and the
+planner ignore both signals (they end with the trainer), so a signal sent to the whole process group stops
+the run cleanly too.
+
+- `StopSignals(grace_s)`: a context that installs the handlers (main thread) and restores the old ones.
+- `Preempted`: raised by the trainer's loop once it has stopped; smrc.main turns it into the line and exit.
+"""
+import os
+import signal
+import sys
+import time
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after `step` steps; `saved`: whether the stop wrote a checkpoint."""
+
+    def __init__(self, signum: int, step: int, saved: bool, note: str = ""):
+        super().__init__(f"{signal.Signals(signum).name} after step {step}")
+        self.signum, self.step, self.saved, self.note = signum, step, saved, note
+
+
+class StopSignals:
+    def __init__(self, grace_s: float):
+        self.grace_s, self.signum, self.t_signal, self._old = grace_s, None, None, {}
+
+    def __enter__(self):
+        for s in SIGNALS:
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            print(f"[smrc] a second {name}: stopping now, without a checkpoint (the newest one stays)",
+                  file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum, self.t_signal = signum, time.monotonic()
+        print(f"[smrc] {name}: stopping at the end of this step (a second {name} stops at once)", flush=True)
+
+    def requested(self, world) -> bool:
+        """Whether any rank got a signal (every rank takes the same decision)."""
+        return bool(world.all_max(int(self.signum is not None)))
+
+    def fits(self, seconds: float) -> bool:
+        """Whether `seconds` more still end within the grace period counted from the signal."""
+        return self.t_signal is None or time.monotonic() + seconds <= self.t_signal + self.grace_s

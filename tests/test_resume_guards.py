@@ -1,0 +1,62 @@
+"""A resume is the same run (scale/checkpoint.check_same_run): flags that would make it another run (the
+environment, the model and with it the tokenizer and the KL reference, the algorithm, the L_SD form) are one
+error line naming them, as is a --steps that is not beyond the checkpoint; safe flags are applied and
+recorded. Through the CLI, on a real one-step run.
+
+Run: pytest tests/test_resume_guards.py -q
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["--preset", "tiny", "--save-every", "1", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
+       "--alfworld.max-steps", "4"]
+
+
+def _smrc(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "smrc.py"), *RUN, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    proc = _smrc("--steps", "1", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--env", "webshop"], "--env alfworld -> webshop"),
+    (["--model", "tiny"], "--model tiny-agent-quick -> tiny"),
+    (["--algo", "grpo"], "--algo smrc-sd -> grpo"),
+    (["--grpo.sd-loss", "sdar"], "--grpo.sd-loss reverse-kl -> sdar")])
+def test_a_resume_that_would_be_another_run_is_refused(run_dir, flags, said):
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    proc = _smrc("--steps", "2", "--resume", "--output-dir", str(run_dir), *flags)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith("error: --resume continues the run in its checkpoint")
+    assert said in last and "Traceback" not in proc.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before  # nothing written
+
+
+def test_steps_not_beyond_the_checkpoint_is_one_line(run_dir):
+    proc = _smrc("--steps", "1", "--resume", "--output-dir", str(run_dir))
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == (
+        "error: --steps 1 is not beyond the checkpoint's step 1: nothing to train; give --steps > 1 to "
+        "continue the run")
+
+
+def test_safe_flags_are_applied_and_recorded(run_dir):
+    proc = _smrc("--steps", "2", "--resume", "--output-dir", str(run_dir), "--eval-every", "2",
+                 "--eval-tasks", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumes = [json.loads(x) for x in (run_dir / "config.resumes.jsonl").read_text().splitlines()]
+    assert resumes[-1]["step"] == 1 and {"steps", "eval_every", "eval_tasks"} <= set(resumes[-1]["changed"])
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/success_rate" in r] == [2]
