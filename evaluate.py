@@ -71,7 +71,7 @@ from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
-from scale.checkpoint import derived_seed, step_of
+from scale.checkpoint import checkpoints, derived_seed, step_of, verify
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
 from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
@@ -159,7 +159,8 @@ PRIVILEGED_MARKERS = (router.TRAJECTORY_TEMPLATE.split("\n")[0], router.SUMMARY_
 class EvalArgs:
     """Fixed-panel evaluation of checkpoints and a baseline; one row per model in one table."""
     checkpoint: tuple[str, ...] = ()
-    """checkpoint directories (step_XXXXXX/ of a run), one table row each"""
+    """checkpoint directories (step_XXXXXX/ of a run; a run folder: its newest verified checkpoint), one
+    table row each"""
     log_with: tuple[Literal["wandb", "tensorboard", "mlflow"], ...] = ()
     """also log each checkpoint's row to its run's trackers (the same tracker runs as training, by the run
     folder's trackers.json), as eval/<metric> at the checkpoint's step"""
@@ -203,6 +204,24 @@ class EvalArgs:
 
 
 EMBEDDED_PRESET = {"tiny": "tiny", "tiny-agent-quick": "tiny", "tiny-agent": "learn"}  # deviation 1
+
+
+def newest_in_runs(args: EvalArgs) -> EvalArgs:
+    """A --checkpoint that is a run folder (step_XXXXXX/ folders, no weights of its own) stands for its newest
+    checkpoint that verifies, named in the output; a run folder with none is one error line."""
+    picked = []
+    for c in args.checkpoint:
+        folder = Path(c)
+        if folder.is_dir() and not any(folder.glob("*.safetensors")) and checkpoints(folder):
+            newest = next((k for k in reversed(checkpoints(folder)) if verify(k) is None), None)
+            if newest is None:
+                raise SystemExit(f"error: --checkpoint {c} is a run folder, and none of its checkpoints "
+                                 f"verifies ({', '.join(k.name for k in checkpoints(folder))})")
+            print(f"[eval] --checkpoint {c} is a run folder: its newest verified checkpoint is {newest}",
+                  flush=True)
+            c = str(newest)
+        picked.append(c)
+    return dataclasses.replace(args, checkpoint=tuple(picked))
 
 
 def check_checkpoints(args: EvalArgs) -> dict[str, str]:
@@ -273,6 +292,9 @@ def make_engine(name: str, cfg: Config, args: EvalArgs):
 def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, args: EvalArgs, pool) -> dict:
     """Roll out the panel with one model; returns its metrics, per-task outcomes and the seeds used."""
     t0 = time.perf_counter()
+    if name in args.checkpoint and not Path(name).is_dir():  # verified, then gone: a run rotated it away
+        raise SystemExit(f"error: --checkpoint {name} was verified, then vanished before it loaded (a run "
+                         f"still writing into its folder rotates old checkpoints away); evaluate a newer one")
     engine, tokenizer = make_engine(name, cfg, args)
     episodes, seeds = [], []
     batches = [tasks[i:i + args.tasks_per_batch] for i in range(0, len(tasks), args.tasks_per_batch)]
@@ -316,6 +338,7 @@ def run_eval(args: EvalArgs) -> dict:
     if not (args.checkpoint or args.baseline):
         raise SystemExit("error: give --checkpoint DIR (one or more) and/or --baseline MODEL")
     validate_eval_args(args)
+    args = newest_in_runs(args)
     checked = check_checkpoints(args)
     cfg = eval_config(args)
     check_split(cfg, args.split)

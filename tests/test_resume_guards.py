@@ -60,3 +60,22 @@ def test_safe_flags_are_applied_and_recorded(run_dir):
     assert resumes[-1]["step"] == 1 and {"steps", "eval_every", "eval_tasks"} <= set(resumes[-1]["changed"])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/success_rate" in r] == [2]
+
+
+def test_evaluate_takes_a_run_folder_as_its_newest_verified_checkpoint(run_dir, tmp_path):
+    newest = sorted(run_dir.glob("step_*"))[-1]
+    proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "eval", "--checkpoint", str(run_dir),
+                           "--split", "eval", "--k", "1", "--limit", "2", "--output", str(tmp_path / "ev")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"is a run folder: its newest verified checkpoint is {newest}" in proc.stdout
+    assert json.loads((tmp_path / "ev.json").read_text())["rows"][0]["model"] == str(newest)
+
+
+def test_a_checkpoint_that_vanished_after_verification_is_named_as_such(tmp_path):
+    import evaluate
+    gone = str(tmp_path / "step_000003")
+    args = evaluate.EvalArgs(checkpoint=(gone,))
+    with pytest.raises(SystemExit, match=f"^error: --checkpoint {gone} was verified, then vanished"):
+        evaluate.evaluate_model(gone, "x", [], None, args, None)

@@ -394,7 +394,7 @@ time.sleep(600)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_item13_the_planner_dies_with_a_trainer_killed_during_its_start_up(tmp_path):
-    from test_envs import _alive
+    from test_envs_pool import _alive
     script = tmp_path / "trainer.py"  # a script file, as smrc.py is
     script.write_text(TRAINER.format(repo=str(ROOT)))
     trainer_proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
