@@ -33,6 +33,7 @@ import dataclasses
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ import rollout
 import router
 import teacher
 from config import ALGOS, PRESETS, Config, config_from_run, parse_config  # noqa: F401 (re-exported)
+from embedded.tiny import cache_dir
 from embedded.warmstart import RECIPES, TINY, resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model
@@ -154,12 +156,32 @@ def check_inputs(cfg: Config) -> tuple[list[envs.Task], list[envs.Task]]:
                          f"--algo fullpath-sd")
     if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
         check_model(cfg.model, "--model")
+    elif not writable(cache_dir()):
+        raise SystemExit(f"error: --model {cfg.model} is built under SMRC_CACHE={cache_dir()}, which is not "
+                         f"a writable folder; point SMRC_CACHE at one")
     try:  # missing data: one clear message, not a traceback from deep inside
         train = envs.load_tasks(cfg.env_cfg, "train")
         panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
     except envs.DataError as e:
         raise SystemExit(f"error: {e}") from None
+    except OSError as e:  # generated games written to an unwritable cache, say
+        raise SystemExit(f"error: the {cfg.env} tasks could not be prepared ({e.filename or ''}: "
+                         f"{e.strerror or e}); if that is a cache, point --alfworld.cache-dir or SMRC_CACHE "
+                         f"at a writable folder") from None
+    if not train:
+        raise SystemExit(f"error: the {cfg.env} train split has no task under these settings (game counts, "
+                         f"task types, eval goals); nothing to train on")
     return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
+
+
+def writable(folder: Path) -> bool:
+    """Whether `folder` exists (or can be made) and takes a new file."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Task]],

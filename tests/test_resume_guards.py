@@ -79,3 +79,18 @@ def test_a_checkpoint_that_vanished_after_verification_is_named_as_such(tmp_path
     args = evaluate.EvalArgs(checkpoint=(gone,))
     with pytest.raises(SystemExit, match=f"^error: --checkpoint {gone} was verified, then vanished"):
         evaluate.evaluate_model(gone, "x", [], None, args, None)
+
+
+@pytest.mark.parametrize("flags, env, said", [
+    (["--alfworld.num-train-games", "1", "--alfworld.task-types", "pick_two_obj_and_place"], {},
+     "error: the alfworld train split has no task under these settings"),
+    ([], {"SMRC_CACHE": "/proc/no-cache-here"}, "error: --model tiny-agent-quick is built under SMRC_CACHE="),
+    (["--alfworld.cache-dir", "/proc/no-games-here"], {}, "error: the alfworld tasks could not be prepared")])
+def test_no_task_or_an_unwritable_cache_is_one_line_before_anything_is_written(tmp_path, flags, env, said):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *RUN, "--steps", "1", *flags, "--output-dir",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith(said) and "Traceback" not in proc.stderr
+    assert not (out / "config.json").exists()
