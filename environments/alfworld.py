@@ -111,6 +111,16 @@ class AlfworldConfig(EpisodeConfig):
 # ---------------------------------------------------------------------------------------------- tasks
 
 
+def _json_object(path: str) -> dict:
+    """The JSON object in `path`; {} for a file that is unreadable, not JSON, or not an object."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):  # decoding errors are ValueErrors
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
     """ALFWorld's own filter (AlfredTWEnv.collect_game_files): traj_data.json + game.tw-pddl present, json
     'solvable' true, no 'movable'/'Sliced' in the path, task type kept. Sorted by path (pinned order)."""
@@ -126,28 +136,39 @@ def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
         raise DataError(f"ALFWorld official split {split!r} not found: {root} does not exist "
                         f"(ALFWORLD_DATA={data_dir}). {hint}")
     tasks, skipped = [], {"movable_or_sliced": 0, "task_type": 0, "no_game_file": 0, "unsolvable": 0}
+    damaged = []  # files that are not the JSON object they should be: skipped, counted and named
     for dirpath, _, files in sorted(os.walk(root)):
         if "traj_data.json" not in files:
             continue
         if "movable" in dirpath or "Sliced" in dirpath:
             skipped["movable_or_sliced"] += 1
             continue
-        with open(os.path.join(dirpath, "traj_data.json")) as f:
-            task_type = json.load(f)["task_type"]
+        traj = _json_object(os.path.join(dirpath, "traj_data.json"))
+        if "task_type" not in traj:
+            damaged.append(os.path.join(dirpath, "traj_data.json"))
+            continue
+        task_type = traj["task_type"]
         game = os.path.join(dirpath, "game.tw-pddl")
         if task_type not in cfg.task_types:
             skipped["task_type"] += 1
         elif not os.path.exists(game):
             skipped["no_game_file"] += 1
         else:
-            with open(game) as f:
-                solvable = json.load(f).get("solvable", False)  # ALFWorld skips a missing key too
+            meta = _json_object(game)
+            if not meta:
+                damaged.append(game)
+                continue
+            solvable = meta.get("solvable", False)  # ALFWorld skips a missing key too
             if not solvable:
                 skipped["unsolvable"] += 1
                 continue
             rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
             tasks.append(Task(f"alfworld/{split}/{rel}", task_type, "alfworld", os.path.abspath(game)))
+    skipped["damaged"] = len(damaged)
     print(f"alfworld official {split}: {len(tasks)} games from {root} (skipped: {skipped})")
+    if damaged:
+        print(f"[alfworld] {len(damaged)} damaged files skipped (not a JSON object, or no task_type): "
+              + ", ".join(damaged), flush=True)
     if not tasks:
         raise DataError(f"ALFWorld official split {split!r} under {root} holds no playable game "
                         f"(skipped: {skipped}). {hint}")

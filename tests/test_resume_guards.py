@@ -88,8 +88,8 @@ def test_a_checkpoint_that_vanished_after_verification_is_named_as_such(tmp_path
     (["--alfworld.cache-dir", "/proc/no-games-here"], {}, "error: the alfworld tasks could not be prepared")])
 def test_no_task_or_an_unwritable_cache_is_one_line_before_anything_is_written(tmp_path, flags, env, said):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *RUN, "--steps", "1", *flags, "--output-dir",
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), *RUN, "--steps", "1", *flags,
+                           "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and last.startswith(said) and "Traceback" not in proc.stderr
