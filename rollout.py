@@ -103,14 +103,14 @@ def turn_prompt(ep: Episode, env_name: str, history_length: int, require_think: 
 
 def _prompt(ep: Episode, env_cfg: envs.EpisodeConfig, max_tokens: int, tokenizer,
             counters: dict) -> tuple[str, list[int]] | None:
-    """The turn's ordinary prompt; over the budget: the no-history prompt (counted), then None (episode
-    ends)."""
-    for h in (env_cfg.history_length, 0):
+    """The turn's ordinary prompt; over the budget: the no-history prompt (a fallback, counted once), then
+    None (the episode ends; counted as prompt_too_long)."""
+    for fallback, h in enumerate((env_cfg.history_length, 0) if env_cfg.history_length else (0,)):
         text = turn_prompt(ep, ep.task.env, h, env_cfg.require_think)
         ids = chat_ids(tokenizer, text)
         if len(ids) <= max_tokens:
+            counters["prompt_no_history"] += fallback
             return text, ids
-        counters["prompt_no_history"] += 1
     counters["prompt_too_long"] += 1
     return None
 

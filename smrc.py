@@ -300,6 +300,10 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
                                                       cfg.env_cfg, tag=f"s{step}r{world.rank}",
                                                       show_progress=world.is_main)
     turns: list[Turn] = [t for e in episodes for t in e.turns]
+    if world.all_max(len(turns)) == 0 and counters["prompt_too_long"]:
+        raise SystemExit(f"error: --rollout.max-prompt-tokens {cfg.rollout.max_prompt_tokens} fits no "
+                         f"prompt: all {len(episodes)} episodes of step {step + 1} ended before their first "
+                         f"turn, so there is nothing to train on; raise it")
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
     new_refs = planner_references(cfg, run, tasks) if cfg.router.seed_with_planner else []
     gathered = world.gather(([rollout.to_trajectory(e) for e in episodes], new_refs))

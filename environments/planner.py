@@ -148,11 +148,15 @@ class Planner:
         self._kill()
 
     def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
+        """End the process. Also called by `close` (at exit) while the prefetch thread may be inside `_plan`:
+        the handles are taken first, so each is closed once and none is read after it is gone."""
+        proc, conn = self._proc, self._conn
+        self._proc, self._conn = None, None
+        if proc is not None:
+            proc.kill()
             try:
-                self._proc.wait(timeout=5)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:  # not reaped yet: it is killed, nothing is left to wait for
                 pass
-            self._conn.close()
-        self._proc, self._conn = None, None
+        if conn is not None:
+            conn.close()
