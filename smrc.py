@@ -35,7 +35,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +87,7 @@ class Setup:
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
     memory: Memory | None = None  # per-phase peak memory and the out-of-memory watchdog (scale/memory.py)
-    trackers: Trackers | None = None  # wandb / TensorBoard / MLflow: every metrics row also goes there
+    trackers: Trackers = field(default_factory=lambda: Trackers((), Path(".")))  # --log-with: the rows too
     saved: tuple[int, float] = (0, 0.0)  # (step, seconds) of the newest checkpoint this process wrote
 
 

@@ -70,7 +70,7 @@ def test_a_bad_file_is_one_error_line_naming_file_and_key(tmp_path, name):
 
 def _smrc(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "smrc.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_a_missing_file_or_a_bad_value_stops_before_anything_is_written(tmp_path):
