@@ -335,7 +335,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
              "route": router.route_metrics(turns, run.bank), "times": {
                  "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
                  "peak_gpu_mem_gb": max(mem.values()) if world.device.type == "cuda" else 0.0}, "mem": mem,
-             "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)}
+             "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
+             "env": pool.take_crashes()}  # env/worker_restarts, env/episodes_replayed
     everyone = world.gather(local)
     if world.is_main:
         run.trackers.log(log_step(Path(cfg.output_dir), step + 1, cfg.steps, everyone, actor, run.bank,

@@ -98,6 +98,9 @@ def poll_running(conn, left: float, tick: float = 1.0) -> tuple[bool, float]:
     return conn.poll(0), 0.0
 
 
+MAX_RESTARTS = 3  # env worker failures in a row (no answer from any worker between them) before the run stops
+
+
 class EnvPool:
     def __init__(self, cfg, num_workers: int | None = None, episodes: int | None = None):
         self.cfg = cfg
@@ -105,20 +108,64 @@ class EnvPool:
         self.num_workers = auto_workers(episodes) if n < 0 else n
         self.timeout_s = cfg.step_timeout_s
         self.stats = {"resets": 0, "steps": 0, "reset_s": 0.0, "step_wait_s": 0.0, "worker_s": 0.0}
+        self.crashes = {"env/worker_restarts": 0, "env/episodes_replayed": 0}  # taken by `take_crashes`
         self._tasks: dict[int, Task] = {}
-        self._pending = None  # the slots step_async sent actions to, not yet collected by step_wait
+        self._history: dict[int, list[str]] = {}  # each slot's actions since its reset: what a replay replays
+        self._pending = None  # the (slots, actions) step_async sent, not yet collected by step_wait
+        self._in_a_row = 0  # worker failures since the last answer
         self._local: dict[int, object] = {}
         self._procs, self._conns = [], []
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        for _ in range(self.num_workers):
-            parent, child = ctx.Pipe()
-            # spawn inherits none
-            inherited = [*self._conns, parent] if ctx.get_start_method() == "fork" else []
-            proc = ctx.Process(target=_worker, args=(child, cfg, os.getpid(), inherited), daemon=True)
-            proc.start()
-            child.close()
+        self._ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        for w in range(self.num_workers):
+            self._spawn(w)
+
+    def _spawn(self, w: int) -> None:
+        """Start worker w (a new one in place of a dead one)."""
+        parent, child = self._ctx.Pipe()
+        # spawn inherits none
+        inherited = [*self._conns, parent] if self._ctx.get_start_method() == "fork" else []
+        proc = self._ctx.Process(target=_worker, args=(child, self.cfg, os.getpid(), inherited), daemon=True)
+        proc.start()
+        child.close()
+        if w < len(self._procs):
+            self._procs[w], self._conns[w] = proc, parent
+        else:
             self._procs.append(proc)
             self._conns.append(parent)
+
+    def _restart(self, w: int, cmd: str, items: list, error: Exception) -> None:
+        """Worker w died or went silent during `cmd`: start a new one, replay its slots' episodes on it
+        (reset, then every action since), and send `cmd` again; counted. After MAX_RESTARTS failures in a
+        row, an EnvError naming the worker, the task and the game."""
+        proc, stuck = self._procs[w], "; ".join(self._describe(s, cmd, a) for s, a in items)
+        self._in_a_row += 1
+        if self._in_a_row > MAX_RESTARTS:
+            self.close(force=True)
+            raise EnvError(f"env worker {w} (pid {proc.pid}, exit code {proc.exitcode}) failed during "
+                           f"{cmd}, {MAX_RESTARTS} restarts in a row did not help: {error!r}. It was "
+                           f"running: {stuck}")
+        print(f"[envs] env worker {w} (pid {proc.pid}, exit code {proc.exitcode}) failed during {cmd} "
+              f"({error!r}); a new worker replays its episodes. It was running: {stuck}", flush=True)
+        proc.kill()
+        proc.join(timeout=5)
+        self._conns[w].close()
+        self._spawn(w)
+        replayed = [s for s in sorted(self._tasks) if s % self.num_workers == w]
+        for s in replayed:
+            for replay_cmd, arg in [("reset", self._tasks[s]), *(("step", a) for a in self._history[s])]:
+                self._conns[w].send((replay_cmd, [(s, arg)]))
+                if not poll_running(self._conns[w], self.timeout_s)[0] or self._conns[w].recv()[0] != "ok":
+                    self.close(force=True)
+                    raise EnvError(f"env worker {w} failed ({error!r}) and its replacement could not replay "
+                                   f"slot {s} (task {self._tasks[s].task_id}, game {self._tasks[s].source})")
+        self.crashes["env/worker_restarts"] += 1
+        self.crashes["env/episodes_replayed"] += len(replayed)
+        self._conns[w].send((cmd, items))
+
+    def take_crashes(self) -> dict[str, int]:
+        """The worker restarts and replayed episodes since the last call."""
+        out, self.crashes = self.crashes, dict.fromkeys(self.crashes, 0)
+        return out
 
     def _describe(self, slot: int, cmd: str, arg) -> str:
         task = self._tasks.get(slot)
@@ -134,7 +181,10 @@ class EnvPool:
             per_worker.setdefault(slot % max(1, self.num_workers), []).append((slot, arg))
         if self.num_workers:
             for w, items in per_worker.items():
-                self._conns[w].send((cmd, items))
+                try:
+                    self._conns[w].send((cmd, items))
+                except OSError as e:  # the worker died since its last answer
+                    self._restart(w, cmd, items, e)
         self._sent = (cmd, per_worker)
 
     def _collect(self, slots: list[int]) -> list[StepResult]:
@@ -152,17 +202,17 @@ class EnvPool:
             return [results[s] for s in slots]
         left = self.timeout_s  # shared by the workers: all answers within timeout_s of running time
         for w, items in per_worker.items():
-            conn, proc = self._conns[w], self._procs[w]
-            try:
-                answered, left = poll_running(conn, left)
-                if not answered:
-                    raise TimeoutError(f"no answer within {self.timeout_s:.0f} s (cfg.step_timeout_s)")
-                status, payload, seconds = conn.recv()
-            except (EOFError, OSError, TimeoutError) as e:
-                stuck = "; ".join(self._describe(s, cmd, a) for s, a in items)
-                self.close(force=True)
-                raise EnvError(f"env worker {w} (pid {proc.pid}, exit code {proc.exitcode}) failed during "
-                               f"{cmd}: {e!r}. It was running: {stuck}") from None
+            while True:
+                try:
+                    answered, left = poll_running(self._conns[w], left)
+                    if not answered:
+                        raise TimeoutError(f"no answer within {self.timeout_s:.0f} s (cfg.step_timeout_s)")
+                    status, payload, seconds = self._conns[w].recv()
+                    break
+                except (EOFError, OSError, TimeoutError) as e:  # dead or silent: a new worker replays
+                    self._restart(w, cmd, items, e)
+                    left = self.timeout_s
+            self._in_a_row = 0
             self.stats["worker_s"] += seconds
             if status == "err":
                 slot, tb = payload
@@ -177,6 +227,7 @@ class EnvPool:
         assert self._pending is None, "reset() while a step_async() is pending; call step_wait() first"
         t0 = time.perf_counter()
         self._tasks.update(zip(slots, tasks))
+        self._history.update((s, []) for s in slots)
         self._send("reset", slots, tasks)
         out = self._collect(slots)
         self.stats["resets"] += len(slots)
@@ -187,13 +238,15 @@ class EnvPool:
         assert self._pending is None, "step_async() twice without step_wait()"
         assert len(set(slots)) == len(slots), "a slot can take one action per step"
         self._send("step", slots, actions)
-        self._pending = list(slots)
+        self._pending = (list(slots), list(actions))
 
     def step_wait(self) -> list[StepResult]:
         assert self._pending is not None, "step_wait() without step_async()"
-        slots, self._pending = self._pending, None
+        (slots, actions), self._pending = self._pending, None
         t0 = time.perf_counter()
         out = self._collect(slots)
+        for s, a in zip(slots, actions):
+            self._history[s].append(a)
         self.stats["steps"] += len(slots)
         self.stats["step_wait_s"] += time.perf_counter() - t0
         return out

@@ -91,16 +91,16 @@ def official_text_env(cfg: WebShopConfig):
             "data/, search_engine/indexes and spaCy model, or use the built-in shop with "
             "--webshop.backend embedded")
     if not root:
-        raise RuntimeError(f"--webshop.backend official needs a WebShop checkout: {hint}")
+        raise envs.DataError(f"--webshop.backend official needs a WebShop checkout: {hint}")
     if not os.path.isdir(os.path.join(root, 'web_agent_site')):
-        raise RuntimeError(f"WEBSHOP_ROOT={root!r} has no web_agent_site/ package: {hint}")
+        raise envs.DataError(f"WEBSHOP_ROOT={root!r} has no web_agent_site/ package: {hint}")
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
         from web_agent_site.envs.web_agent_text_env import WebAgentTextEnv
     except ImportError as e:
-        raise RuntimeError(f"importing WebAgentTextEnv from WEBSHOP_ROOT={root!r} "
-                           f"failed ({e}): {hint}") from e
+        raise envs.DataError(f"importing WebAgentTextEnv from WEBSHOP_ROOT={root!r} "
+                             f"failed ({e}): {hint}") from e
     env = WebAgentTextEnv(observation_mode='text', num_products=None, human_goals=cfg.human_goals)
     if not hasattr(env, 'server') and hasattr(env, 'initialize'):  # verl-agent's vendored copy builds lazily
         env.initialize()

@@ -81,7 +81,8 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
          "time/update_s": max(r["times"]["update_s"] for r in everyone),
          "time/peak_gpu_mem_gb": max(r["times"]["peak_gpu_mem_gb"] for r in everyone),
          **{k: max(r["mem"].get(k, 0.0) for r in everyone) for k in everyone[0]["mem"]},
-         "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped}
+         "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped,
+         **{k: total("env", k) for k in everyone[0].get("env", {})}}
     append_line(out / "metrics.jsonl", json.dumps(m))
     print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | "
           f"reward {m['rollout/reward']:.2f} | "

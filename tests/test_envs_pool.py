@@ -66,13 +66,17 @@ def test_envpool_errors_name_task_and_action_and_never_hang(cfg, tasks):
     with pytest.raises(envs.EnvError, match=r"(?s)slot 1 \(step, action None; task alfworld/gen-train/00001"):
         pool.step([0, 1], ["look", None])
     assert pool.step([0], ["look"])[0].observation.startswith("You are in the middle")  # the worker survived
-    pool._procs[1].kill()
-    with pytest.raises(envs.EnvError, match=r"env worker 1 .*alfworld/gen-train/00001"):
-        pool.step([0, 1], ["look", "look"])
+    fresh = EnvPool(cfg, num_workers=0)
+    expected = fresh.reset([1], tasks[1:2]) and fresh.step([1], ["look"])
+    pool._procs[1].kill()  # a crashed worker: a new one replays its episode (reset + its actions so far)
+    assert pool.step([0, 1], ["look", "look"])[1] == expected[0]
+    assert pool.take_crashes() == {"env/worker_restarts": 1, "env/episodes_replayed": 1}
+    assert pool.take_crashes() == {"env/worker_restarts": 0, "env/episodes_replayed": 0}
+    pool.close()
     with pytest.raises(envs.EnvError, match="closed"):
         pool.step([0], ["look"])
     slow = EnvPool(AlfworldConfig(**{**cfg.__dict__, "step_timeout_s": 0.01}), 1)
-    with pytest.raises(envs.EnvError, match="no answer within"):
+    with pytest.raises(envs.EnvError, match="no answer within"):  # its replacement is as slow: stop
         slow.reset([0], tasks[:1])
 
 
@@ -219,3 +223,37 @@ def test_prefetched_plan_is_the_plan_and_a_later_call_does_not_replan(tasks):
     planner.close()  # drops queued requests; the next plan starts a new process
     assert planner.plan(tasks[3], [], 60) is planner.cache[(tasks[3].task_id, ())]
     planner.close()
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_the_run_ends_as_without_the_crash(tmp_path):
+    """kill -9 one env worker of a running trainer: a new worker replays its episodes, the run ends (exit 0)
+    with every metric of an uninterrupted run of the same seed (times and the crash counts aside), and the
+    restart is counted in metrics.jsonl."""
+    run = [sys.executable, os.path.join(REPO, "smrc.py"), "--preset", "tiny", "--steps", "3", "--save-every", "3",
+           "--rollout.tasks-per-step", "2", "--rollout.group-size", "2", "--alfworld.max-steps", "6",
+           "--alfworld.num-workers", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = subprocess.run([*run, "--output-dir", str(tmp_path / "whole")], cwd=REPO, capture_output=True,
+                           text=True, env=env, timeout=900)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out = tmp_path / "crash"
+    trainer = subprocess.Popen([*run, "--output-dir", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    t0 = time.monotonic()
+    while not (out / "metrics.jsonl").exists():
+        assert trainer.poll() is None and time.monotonic() - t0 < 600
+        time.sleep(0.1)
+    children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(trainer.pid)], capture_output=True,
+                              text=True).stdout.splitlines()
+    workers = [int(c.split()[0]) for c in children if "smrc.py" in c]  # forked: the trainer's command line
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    stdout, stderr = trainer.communicate(timeout=900)
+    assert trainer.returncode == 0, stderr[-3000:]
+
+    def rows(run_dir):
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "mem/", "env/"))
+                 and not k.endswith("_time_s")} for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows(out) == rows(tmp_path / "whole")
+    counted = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["env/worker_restarts"] for r in counted) == 1 and "a new worker replays" in stdout

@@ -94,3 +94,14 @@ def test_no_task_or_an_unwritable_cache_is_one_line_before_anything_is_written(t
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and last.startswith(said) and "Traceback" not in proc.stderr
     assert not (out / "config.json").exists()
+
+
+def test_webshop_official_without_a_checkout_is_one_line_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WEBSHOP_ROOT": ""}
+    proc = subprocess.run([sys.executable, str(ROOT / "smrc.py"), "--env", "webshop", "--webshop.backend",
+                           "official", "--model", "tiny", "--steps", "1", "--output-dir", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists()
+    assert last.startswith("error: --webshop.backend official needs a WebShop checkout")
