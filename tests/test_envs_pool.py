@@ -229,8 +229,8 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_ends_as_without_the_cra
     """kill -9 one env worker of a running trainer: a new worker replays its episodes, the run ends (exit 0)
     with every metric of an uninterrupted run of the same seed (times and the crash counts aside), and the
     restart is counted in metrics.jsonl."""
-    run = [sys.executable, os.path.join(REPO, "smrc.py"), "--preset", "tiny", "--steps", "3", "--save-every", "3",
-           "--rollout.tasks-per-step", "2", "--rollout.group-size", "2", "--alfworld.max-steps", "6",
+    run = [sys.executable, os.path.join(REPO, "smrc.py"), "--preset", "tiny", "--steps", "3", "--save-every",
+           "3", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2", "--alfworld.max-steps", "6",
            "--alfworld.num-workers", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     whole = subprocess.run([*run, "--output-dir", str(tmp_path / "whole")], cwd=REPO, capture_output=True,
