@@ -20,23 +20,11 @@ from environments import alfworld
 from environments.alfworld import AlfworldConfig, AlfworldEnv
 from environments.planner import Planner
 from environments.pool import EnvPool
-from test_envs import REPO
+from test_envs import REPO, cfg, tasks  # noqa: F401 (the fixtures, by name: each module gets its own)
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None or
                                 importlib.util.find_spec("textworld") is None,
                                 reason="alfworld not installed")
-
-
-# module-scoped, as in test_envs.py (this module's own copy: the same games, generated once here)
-@pytest.fixture(scope="module")
-def cfg(tmp_path_factory):
-    return AlfworldConfig(num_train_games=6, num_eval_games=6, cache_dir=str(tmp_path_factory.mktemp("gen")),
-                               num_workers=2)
-
-
-@pytest.fixture(scope="module")
-def tasks(cfg):
-    return envs.load_tasks(cfg, "train")
 
 
 # ---------------------------------------------------------------------------------------------- pool, planner

@@ -6,22 +6,8 @@ Run: .venv/bin/python -m pytest tests/test_webshop_reward.py -q
 """
 import pytest
 
-import envs
-from environments import webshop, webshop_catalog, webshop_reward
-from test_webshop import CFG
-
-
-# as in test_webshop.py (this module's own copies)
-@pytest.fixture
-def env():
-    e = webshop.WebShopEnv(CFG)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def task0():
-    return envs.load_tasks(CFG, "eval")[0]
+from environments import webshop_catalog, webshop_reward
+from test_webshop import CFG, env, task0  # noqa: F401 (the fixtures, by name)
 
 
 # ---------------------------------------------------------------------------------------------- reward
