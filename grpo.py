@@ -370,7 +370,9 @@ def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: 
     g_pg, g_sd = (math.nan, math.nan) if not n_gn else (sums["grad_norm_grpo"] / n_gn,
                                                          sums["grad_norm_sd"] / n_gn)
     out.update({"actor/grad_norm_grpo": g_pg, "actor/grad_norm_sd": g_sd,
-                "actor/sd_grpo_grad_ratio": g_sd / g_pg if g_pg > 0 else (math.inf if g_sd > 0 else math.nan),
+                # NaN: no SD term (or nothing measured); inf: an SD gradient beside a zero GRPO one
+                "actor/sd_grpo_grad_ratio": (math.nan if not n_sd else g_sd / g_pg if g_pg > 0
+                                             else math.inf if g_sd > 0 else math.nan),
                 "actor/tokens": n_tok,
                 "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
                 "actor/lr": lr, "actor/optimizer_steps": len(grad_norms),

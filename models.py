@@ -342,7 +342,18 @@ class SamplingConfig:
     """top-k sampling (0 = off)"""
     static_cache: bool = False
     """hf engine: a static KV cache, with which transformers compiles the decode step (torch.compile) on CUDA
-    to cut launch overhead; the first call of each batch shape compiles. Opt-in: not measured on a GPU yet"""
+    to cut launch overhead; the first call of each batch shape compiles. It samples in float32 (see
+    `generation_autocast`). Opt-in: its speed is not measured on a GPU yet"""
+
+
+def generation_autocast(device: torch.device, bf16: bool, static_cache: bool):
+    """The context sampling runs in: bfloat16 autocast on CUDA with `bf16`, except with a static KV cache.
+    transformers' static cache stores a layer's keys and values in one dtype (the keys'), and under autocast
+    Qwen3's normed keys come out float32 beside bfloat16 values, so bf16 + static cache fails on its first
+    write (seen on an H200, 2026-12-04); with a static cache, sampling stays float32."""
+    if bf16 and device.type == "cuda" and not static_cache:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 class HFEngine:
@@ -416,8 +427,7 @@ class HFEngine:
         recorder = LogprobRecorder(cfg.temperature or 1.0)  # greedy: log-probs at T=1
         processors = ([TrieLogitsProcessor(tries, width)] if tries is not None else []) + [recorder]
         stop = DeterminedStop(tries, width) if tries is not None else None
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 and device.type == "cuda" \
-            else nullcontext()
+        autocast = generation_autocast(device, self.bf16, cfg.static_cache)
         was_training = self.model.training
         self.model.eval()
         with autocast:

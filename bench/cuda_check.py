@@ -4,7 +4,9 @@ the mean step time (first step dropped) and the peak GPU memory of each, and exi
 did not run on CUDA.
 
     python bench/cuda_check.py
+    python bench/cuda_check.py --model bench/results/learn_sweep_v21/warm_start  # committed weights: no build
 """
+import argparse
 import json
 import subprocess
 import sys
@@ -18,6 +20,11 @@ FLAGS = ["--preset", "tiny", "--steps", "3", "--device", "cuda", "--save-every",
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="", help="the model to train (default: the tiny preset's, "
+                    "tiny-agent-quick, built on first use)")
+    args = ap.parse_args()
+    flags = FLAGS + (["--model", args.model] if args.model else [])
     assert torch.cuda.is_available(), "no CUDA device: this check is for GPU machines"
     here = Path(__file__).resolve().parents[1]  # the repository root, where smrc.py is
     runs = {"python": [sys.executable, str(here / "smrc.py")],
@@ -26,7 +33,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in runs.items():
             out = Path(tmp) / name.replace(" ", "_")
-            proc = subprocess.run([*cmd, *FLAGS, "--output-dir", str(out)], capture_output=True, text=True)
+            proc = subprocess.run([*cmd, *flags, "--output-dir", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
             rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -273,7 +273,8 @@ def decode_profile(args, tok, device: torch.device) -> dict:
     new tokens − time of 1) / (N − 1), each the least of `profile_repeats` timings after a warm-up at both
     lengths (a static cache compiles per shape).
     Variants: HFEngine (log-probs on the device) in float32 and under bf16 autocast (CUDA only: on CPU both
-    are float32), HFEngine with the static cache, and a plain `model.generate` that keeps no logits."""
+    are float32), HFEngine with the static cache (float32: models.generation_autocast), and a plain
+    `model.generate` that keeps no logits."""
     model = build_model(args.arch, tok, device, args.seed).eval()
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(3, len(tok), (args.profile_prompt,), generator=g).tolist()
@@ -303,7 +304,7 @@ def decode_profile(args, tok, device: torch.device) -> dict:
             torch.cuda.synchronize(device)
         return time.perf_counter() - t
     variants = {"engine float32": engine(False, False), "engine bf16": engine(True, False),
-                "engine bf16 static cache": engine(True, True), "plain generate (bf16 on CUDA)": plain}
+                "engine static cache (float32)": engine(True, True), "plain generate (bf16 on CUDA)": plain}
     out, n = {}, args.profile_new
     for name, run in variants.items():
         run(n), run(1)  # warm-up at both shapes
@@ -313,7 +314,6 @@ def decode_profile(args, tok, device: torch.device) -> dict:
           f"{n} new tokens, {device}")
     for name, ms in out.items():
         print(f"  {name:<32} {ms:8.1f} ms per decode step")
-    del model
     return out
 
 

@@ -1,10 +1,11 @@
 """The report of bench/learn.py: each row's numbers from its runs' metrics.jsonl and evaluations, the
 differences between rows (paired by task and by seed), and results.json / results.md / curves.png."""
 import json
-import math
 from pathlib import Path
 
 import numpy as np
+
+from analysis.lambda_pilot import run_strength
 
 
 def _run_seed(run: Path) -> int:
@@ -56,22 +57,8 @@ def _row(name: str, evals: list[dict], runs: list[Path], k: int) -> dict:
 
 def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
     """How hard and how sharp each run's SD term was, one value per run (NaN where the run never measured it):
-    sd/grpo, the median SD / GRPO gradient-norm ratio over the steps where it is finite (inf: the GRPO
-    gradient was 0; NaN: no term; a run that distilled nothing has none); kl_per_turn, KL(student ‖ teacher)
-    summed over a distilled turn's tokens, averaged over the run's distilled turns; cand_share, the share of
-    matched turns with a candidate whose sampled action is the candidate (logged since issue 36:
-    NaN for older runs)."""
-    def per_run(ms: list[dict]) -> tuple[float, float, float]:
-        ratios = [m["actor/sd_grpo_grad_ratio"] for m in ms if m.get("actor/sd_grpo_grad_ratio") is not None]
-        finite = [x for x in ratios if math.isfinite(x)]
-        total = lambda key: sum(m.get(key, 0) for m in ms)  # noqa: E731
-        gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in ms
-                  if m.get("sd/distilled_tokens"))
-        turns, routed = total("sd/distilled_turns"), total("sd/candidate_routed_turns")
-        return (float(np.median(finite)) if finite and turns else math.nan,
-                -gap / turns if turns else math.nan,
-                total("sd/candidate_sampled_turns") / routed if routed else math.nan)
-    values = [per_run(ms) for ms in metrics]
+    sd/grpo, kl_per_turn, cand_share as analysis.lambda_pilot.run_strength reads them."""
+    values = [run_strength(ms) for ms in metrics]
     return {key: [v[i] for v in values] for i, key in enumerate(("sd/grpo", "kl_per_turn", "cand_share"))}
 
 

@@ -87,10 +87,7 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
     print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | "
           f"reward {m['rollout/reward']:.2f} | "
           f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
-          f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
-          f"cand share {m['sd/candidate_sampled_share']:.2f} | "
-          f"cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
-          f"grad sd/grpo {_ratio_text(actor.get('actor/sd_grpo_grad_ratio', math.nan))} | {dt:.1f}s "
+          f"{_sd_text(m)} | {dt:.1f}s "
           f"(env {m['time/env_share']:.0%})"
           + (f" | peak mem {max(v for k, v in m.items() if k.startswith('mem/')):.1f} GiB"
              if any(k.startswith("mem/") for k in m) else "")
@@ -100,10 +97,17 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
     return m
 
 
-def _ratio_text(x: float) -> str:
-    """The SD/GRPO gradient ratio as printed: '–' where the GRPO gradient is 0 (every group all-fail or
-    all-win: no advantage), where the logged value is inf."""
-    return "–" if math.isinf(x) else f"{x:.3f}"
+def _sd_text(m: dict) -> str:
+    """The SD part of the progress line: 'no turn distilled' on a step without an SD term (GRPO, or no
+    reference yet); the SD/GRPO gradient ratio printed as '–' where the GRPO gradient is 0 (every group
+    all-fail or all-win: no advantage), where the logged value is inf."""
+    if not m["sd/distilled_turns"]:
+        return "no turn distilled"
+    ratio = m.get("actor/sd_grpo_grad_ratio", math.nan)
+    return (f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
+            f"cand share {m['sd/candidate_sampled_share']:.2f} | "
+            f"cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
+            f"grad sd/grpo {'–' if math.isinf(ratio) else f'{ratio:.3f}'}")
 
 
 def sd_diagnostics(everyone: list[dict]) -> dict:

@@ -367,6 +367,27 @@ def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     assert torch.equal(w, w_off) and math.isnan(off["actor/grad_norm_sd"])
 
 
+def test_sd_gradient_is_linear_in_lambda_and_absent_without_a_term():
+    """The pilot's premise (analysis/lambda_pilot.py): on the same batch, ‖∇(λ·L_SD)‖ scales exactly with λ
+    and ‖∇L_GRPO‖ does not move, so the ratio per unit λ is one number; a batch without distilled turns logs
+    the ratio as NaN (no SD term), not 0."""
+    samples = [sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
+               sample([1], [2], -1.0, [math.log(0.2)])]
+
+    def run(data, lam):
+        m = ToyLM()
+        m.logits.data = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5])
+        cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=lam, max_grad_norm=1e9)
+        return grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.1), data, cfg, pad_id=0)
+    strong, weak = run(samples, 0.2), run(samples, 0.03)
+    assert weak["actor/grad_norm_grpo"] == pytest.approx(strong["actor/grad_norm_grpo"], rel=1e-6)
+    assert weak["actor/sd_grpo_grad_ratio"] / 0.03 == pytest.approx(strong["actor/sd_grpo_grad_ratio"] / 0.2,
+                                                                    rel=1e-5)
+    assert strong["actor/sd_grpo_grad_ratio"] > 0
+    no_sd = run([dataclasses.replace(s, teacher_logprobs=None) for s in samples], 0.2)
+    assert no_sd["actor/grad_norm_grpo"] > 0 and math.isnan(no_sd["actor/sd_grpo_grad_ratio"])
+
+
 def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
     """A first mini-batch of an all-fail group without a teacher (both terms zero) is not measured; the next
     one is, and its norms are the gradient norms of that mini-batch's own terms."""

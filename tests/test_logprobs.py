@@ -6,9 +6,11 @@ Run: pytest tests/test_logprobs.py -q
 """
 import copy
 
+import pytest
 import torch
 
-from models import HFEngine, LogprobRecorder, SamplingConfig, chat_ids, collate, token_logprobs
+from models import (HFEngine, LogprobRecorder, SamplingConfig, chat_ids, collate, generation_autocast,
+                    token_logprobs)
 
 
 def _batch(tok, seed=0):
@@ -112,6 +114,23 @@ def test_engine_sampling_logprobs_equal_the_trainer_forward(tiny):
     static = _engine_exactness(model, tok,
                                SamplingConfig(max_new_tokens=12, temperature=0.0, static_cache=True))
     assert [g.response_ids for g in greedy] == [g.response_ids for g in static]
+
+
+def test_a_static_cache_samples_in_float32_because_bf16_autocast_breaks_it(tiny):
+    """transformers' static cache keeps a layer's keys and values in one dtype; under bf16 autocast Qwen3's
+    normed keys are float32 and its values bfloat16, so the first cache write fails (here on CPU autocast; on
+    CUDA the same, seen on an H200). So the engine samples in float32 with a static cache, bf16 otherwise."""
+    model, tok = tiny
+    ids = torch.tensor([chat_ids(tok, "Your task is to: put a mug in coffeemachine.")])
+    with (torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad(),
+          pytest.raises(RuntimeError, match="dtype")):
+        model.eval().generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
+                              cache_implementation="static", pad_token_id=tok.pad_token_id)
+    cuda = torch.device("cuda")  # only the device's type is read: no GPU needed
+    assert isinstance(generation_autocast(cuda, bf16=True, static_cache=False), torch.autocast)
+    cases = ((cuda, True, True), (cuda, False, False), (torch.device("cpu"), True, False))
+    for device, bf16, static in cases:
+        assert not isinstance(generation_autocast(device, bf16, static), torch.autocast)
 
 
 def test_recorder_gathers_each_step_at_the_token_taken_next():

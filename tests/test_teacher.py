@@ -226,7 +226,7 @@ def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
     """Three distilled turns with a candidate (two sampled it, one did not) and one without a reference: the
     counts teacher_signal adds, and the per-turn numbers log_step derives from them (scale/monitor.py)."""
     from records import Match, Trajectory
-    from scale.monitor import _ratio_text, sd_diagnostics
+    from scale.monitor import _sd_text, sd_diagnostics
     ref = Trajectory("t", "ref", [], True)
 
     def distilled(action, candidate, sample, teach):
@@ -254,4 +254,8 @@ def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
                                    **teacher.candidate_split([])}}])
     assert all(math.isnan(none[k]) for k in ("sd/kl_per_turn", "sd/candidate_sampled_share",
                                              "sd/gap_on_candidate", "sd/gap_off_candidate"))
-    assert _ratio_text(math.inf) == "–" and _ratio_text(1.1704) == "1.170" and _ratio_text(math.nan) == "nan"
+    row = {**sd_diagnostics([{"sd": sd}]), "sd/distilled_turns": 4, "sd/teacher_minus_student_logp": -0.7}
+    assert _sd_text({**row, "actor/sd_grpo_grad_ratio": math.inf}).endswith("grad sd/grpo –")
+    assert _sd_text({**row, "actor/sd_grpo_grad_ratio": 1.1704}).endswith("grad sd/grpo 1.170")
+    assert "KL/turn 1.25 | cand share 0.67" in _sd_text(row)
+    assert _sd_text({**row, "sd/distilled_turns": 0}) == "no turn distilled"  # GRPO: no SD numbers at all

@@ -1,0 +1,165 @@
+"""Set λ (`--grpo.sd-coef`) from a short pilot run, before the long one.
+
+λ sets how hard the SD term pushes beside GRPO, and the right value depends on the model, the teacher's
+sharpness and how many turns are distilled, so no number carries over between setups. What carries over
+is the strength: the SD term's gradient norm as a share of GRPO's. The SD gradient is exactly λ times a
+gradient that does not depend on λ, so a short run at a small λ₀ measures the push per unit λ,
+
+    u = median over steps of  (‖∇(λ₀·L_SD)‖ / ‖∇L_GRPO‖) / λ₀
+
+(smrc.py logs the ratio as actor/sd_grpo_grad_ratio, on one mini-batch a step)
+
+and the λ whose SD gradient is `--target` times GRPO's is target / u. A small λ₀ keeps the pilot on GRPO's
+path, so the reading is that of the policy the real run starts from. The pilot also prints how sharp the
+teacher is (KL(student ‖ teacher) per distilled turn) and how often the student already samples the
+matched candidate. The default target and the evidence for it: README, "Setting λ".
+
+    python analysis/lambda_pilot.py RUN_DIR       # read a run's metrics.jsonl (even while it runs)
+    python analysis/lambda_pilot.py --steps 5 --out runs/pilot -- --env alfworld --model Qwen/Qwen3-1.7B \\
+        --algo smrc-sd                                         # run the pilot with smrc.py, then read it
+    python analysis/lambda_pilot.py --steps 5 --launcher "torchrun --nproc_per_node 8" -- ...
+
+Writes RUN_DIR/lambda_pilot.json with the numbers it prints.
+"""
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Setting λ"
+PILOT_SD_COEF = 0.01
+PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume")
+
+
+def run_strength(rows: list[dict]) -> tuple[float, float, float]:
+    """How hard and how sharp one run's SD term was: the median SD / GRPO gradient-norm ratio over the
+    steps that distilled a turn and where it is finite (inf: the GRPO gradient was 0, every group all-fail or
+    all-win; NaN: no measurement), KL(student ‖ teacher) summed over a distilled turn's tokens averaged over
+    the run's distilled turns, and the share of matched turns with a candidate whose sampled action is the
+    candidate. NaN where the run has no such step or turn."""
+    ratios = _finite_ratios(rows)
+    turns = sum(m.get("sd/distilled_turns", 0) for m in rows)
+    routed = sum(m.get("sd/candidate_routed_turns", 0) for m in rows)
+    gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in rows
+              if m.get("sd/distilled_tokens"))
+    return (float(np.median(ratios)) if ratios else math.nan, -gap / turns if turns else math.nan,
+            sum(m.get("sd/candidate_sampled_turns", 0) for m in rows) / routed if routed else math.nan)
+
+
+def _finite_ratios(rows: list[dict]) -> list[float]:
+    """actor/sd_grpo_grad_ratio of the steps that distilled a turn, where it is finite."""
+    ratios = [(m.get("actor/sd_grpo_grad_ratio"), m.get("sd/distilled_turns")) for m in rows]
+    return [r for r, turns in ratios if turns and r is not None and math.isfinite(r)]
+
+
+@dataclass
+class Pilot:
+    """What a pilot run measured (see the module's text)."""
+    sd_coef: float         # λ₀, the λ the pilot ran at
+    steps: int             # training steps read
+    measured: int          # of them, steps with a distilled turn and a finite gradient ratio
+    ratio: float           # median SD / GRPO gradient-norm ratio at λ₀
+    unit_ratio: float      # u = ratio / λ₀, the ratio per unit λ
+    unit_quartiles: tuple[float, float]  # the 25% and 75% quantiles of the per-step ratio / λ₀
+    kl_per_turn: float     # KL(student ‖ teacher) per distilled turn, nat
+    candidate_share: float  # matched turns whose sampled action is the candidate
+    distilled_share: float  # distilled turns / all turns, mean over steps
+
+
+def measure(run_dir: Path) -> Pilot:
+    """Read a run's config.json (λ₀) and metrics.jsonl (its training rows) into a Pilot."""
+    config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
+    if not config.is_file() or not metrics.is_file():
+        raise SystemExit(f"error: {run_dir} is not a smrc.py run folder "
+                         "(needs config.json and metrics.jsonl)")
+    sd_coef = json.loads(config.read_text())["grpo"]["sd_coef"]
+    if not sd_coef or sd_coef <= 0:
+        raise SystemExit(f"error: {run_dir} ran at --grpo.sd-coef {sd_coef}: "
+                         "a pilot needs λ > 0 (an SD term)")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [m for m in rows if "actor/sd_grpo_grad_ratio" in m]  # training rows (not the validation ones)
+    unit = [r / sd_coef for r in _finite_ratios(rows)]
+    ratio, kl, share = run_strength(rows)
+    q = (float(np.quantile(unit, 0.25)), float(np.quantile(unit, 0.75))) if unit else (math.nan, math.nan)
+    return Pilot(sd_coef=sd_coef, steps=len(rows), measured=len(unit), ratio=ratio,
+                 unit_ratio=float(np.median(unit)) if unit else math.nan, unit_quartiles=q, kl_per_turn=kl,
+                 candidate_share=share, distilled_share=float(np.mean([m.get("sd/distilled_share", 0.0)
+                                                                       for m in rows])) if rows else math.nan)
+
+
+def recommend(p: Pilot, target: float) -> float:
+    """The λ whose SD gradient norm is `target` times GRPO's: target / u."""
+    return target / p.unit_ratio
+
+
+def report(p: Pilot, target: float) -> list[str]:
+    """The printed lines: what was measured, and the λ to use (or why there is none)."""
+    if not p.measured:
+        return [f"error: none of the {p.steps} steps measured both terms (a distilled turn and a non-zero "
+                "GRPO gradient: groups with both successes and failures); run a longer pilot, or check "
+                "that the router matches turns (router/match_rate) and that some groups succeed"]
+    lo, hi = (target / x for x in p.unit_quartiles[::-1])
+    lines = [f"pilot: {p.measured} of {p.steps} steps measured at λ₀ = {p.sd_coef:g}; SD / GRPO gradient "
+             f"ratio {p.ratio:.3g}, i.e. {p.unit_ratio:.3g} per unit λ (quartiles {p.unit_quartiles[0]:.3g}–"
+             f"{p.unit_quartiles[1]:.3g})",
+             f"teacher: KL(student ‖ teacher) {p.kl_per_turn:.2f} nat per distilled turn; "
+             f"candidate sampled on {p.candidate_share:.0%} of matched turns; "
+             f"{p.distilled_share:.0%} of turns distilled",
+             f"λ for an SD gradient {target:g} × GRPO's: --grpo.sd-coef {recommend(p, target):.3g} "
+             f"(steps' quartiles give {lo:.3g}–{hi:.3g})"]
+    if p.measured < 3:
+        lines.append(f"warning: only {p.measured} steps measured; the median is noisy, run a longer pilot")
+    return lines
+
+
+def run_pilot(steps: int, out: Path, launcher: str, flags: list[str]) -> None:
+    """smrc.py with the user's flags for `steps` steps at λ₀ = PILOT_SD_COEF into `out`, no validation,
+    one checkpoint at the end; stops with smrc.py's exit code if it fails."""
+    owned = [f.split("=")[0] for f in flags if f.split("=")[0] in PILOT_OWNS]
+    if owned:
+        raise SystemExit(f"error: the pilot sets {', '.join(owned)} itself; "
+                         "leave it out of the smrc.py flags")
+    cmd = [*shlex.split(launcher), "smrc.py", *flags, "--steps", str(steps), "--grpo.sd-coef",
+           str(PILOT_SD_COEF), "--output-dir", str(out), "--save-every", str(steps), "--eval-every", "0"]
+    print("[pilot] " + shlex.join(cmd), flush=True)
+    rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent).returncode
+    if rc:
+        raise SystemExit(f"error: the pilot run stopped with exit code {rc}; its output is above")
+
+
+def main(argv: list[str]) -> None:
+    ours, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", nargs="?", help="a smrc.py run folder to read (without: run a pilot first)")
+    ap.add_argument("--target", type=float, default=TARGET_RATIO,
+                    help=f"the SD / GRPO gradient-norm ratio to aim at (default: {TARGET_RATIO})")
+    ap.add_argument("--steps", type=int, default=5, help="pilot steps (default: 5)")
+    ap.add_argument("--out", default="runs/lambda_pilot", help="the pilot's run folder")
+    ap.add_argument("--launcher", default=f"{shlex.quote(sys.executable)}",
+                    help='how to start smrc.py, e.g. "torchrun --nproc_per_node 8" (default: this python)')
+    args = ap.parse_args(ours)
+    if args.target <= 0 or args.steps < 1:
+        ap.error("--target must be > 0 and --steps ≥ 1")
+    if args.run_dir is None:
+        if not flags:
+            ap.error("give a run folder, or the smrc.py flags of the run to pilot after --")
+        run_pilot(args.steps, Path(args.out), args.launcher, flags)
+    run_dir = Path(args.run_dir or args.out)
+    pilot = measure(run_dir)
+    lines = report(pilot, args.target)
+    print("\n".join(lines))
+    if not pilot.measured:
+        raise SystemExit(1)
+    (run_dir / "lambda_pilot.json").write_text(json.dumps(
+        {**asdict(pilot), "target": args.target, "recommended_sd_coef": recommend(pilot, args.target)},
+        indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
