@@ -60,7 +60,7 @@ class GRPOConfig:
     sd_coef: float | None = None
     """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.2: config.PRESET_SD_COEF),
     else the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and
-    grpo-opsd 0.01"""
+    grpo-opsd 0.01. To set it for a model: `python analysis/lambda_pilot.py` (README, "Setting λ")"""
     sd_gate_beta: float = 5.0
     """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
     sd_norm: Literal["all", "distilled"] = "all"

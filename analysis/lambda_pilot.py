@@ -45,11 +45,25 @@ def run_strength(rows: list[dict]) -> tuple[float, float, float]:
     candidate. NaN where the run has no such step or turn."""
     ratios = _finite_ratios(rows)
     turns = sum(m.get("sd/distilled_turns", 0) for m in rows)
-    routed = sum(m.get("sd/candidate_routed_turns", 0) for m in rows)
     gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in rows
               if m.get("sd/distilled_tokens"))
+    counts = [_candidate_counts(m) for m in rows]
+    routed = sum(n for n, _ in counts)
     return (float(np.median(ratios)) if ratios else math.nan, -gap / turns if turns else math.nan,
-            sum(m.get("sd/candidate_sampled_turns", 0) for m in rows) / routed if routed else math.nan)
+            sum(k for _, k in counts) / routed if routed else math.nan)
+
+
+def _candidate_counts(m: dict) -> tuple[float, float]:
+    """(distilled turns with a candidate, of them those whose sampled action is the candidate) of one step.
+    Rows logged before the counts were (the v21 sweep's, code at 12a3ca6) carry only the share; there the
+    count is sd/distilled_turns, exact where the share is defined in that sweep: every turn SMRC-SD distils
+    has a candidate (FullPath-SD's have none, and their share is NaN)."""
+    if "sd/candidate_routed_turns" in m:
+        return m["sd/candidate_routed_turns"], m.get("sd/candidate_sampled_turns", 0)
+    share, n = m.get("sd/candidate_sampled_share"), m.get("sd/distilled_turns", 0)
+    if share is None or not n or not math.isfinite(share):
+        return 0, 0
+    return n, share * n
 
 
 def _finite_ratios(rows: list[dict]) -> list[float]:

@@ -129,6 +129,7 @@ def sd_diagnostics(everyone: list[dict]) -> dict:
     n_cand, n_on = total("sd/candidate_routed_turns"), total("sd/candidate_sampled_turns")
     out = {"sd/kl_student_teacher": ratio(-gap, n_tok), "sd/kl_per_turn": ratio(-gap, n_turns),
            "sd/candidate_sampled_share": ratio(n_on, n_cand),
+           "sd/candidate_routed_turns": n_cand, "sd/candidate_sampled_turns": n_on,
            "sd/gap_on_candidate": ratio(total("sd/gap_on_candidate_sum"), n_on),
            "sd/gap_off_candidate": ratio(total("sd/gap_off_candidate_sum"), n_cand - n_on)}
     if "sd/candidate_turns" in everyone[0]["sd"]:

@@ -49,6 +49,17 @@ def test_recommendation_by_hand(tmp_path, capsys):
     assert saved["recommended_sd_coef"] == pytest.approx(0.08) and saved["target"] == 0.2
 
 
+def test_rows_without_candidate_counts_pool_their_shares_by_distilled_turns():
+    """The v21 sweep's rows (code at 12a3ca6) log the candidate-sampled share but not its counts: the run's
+    share is then the shares weighted by the step's distilled turns, steps with a NaN share left out."""
+    def old(share, turns):
+        row = _step(0.1, turns=turns)
+        del row["sd/candidate_routed_turns"], row["sd/candidate_sampled_turns"]
+        return {**row, "sd/candidate_sampled_share": share}
+    _, _, share = lambda_pilot.run_strength([old(0.5, 10), old(0.25, 30), old(math.nan, 50)])
+    assert share == pytest.approx((0.5 * 10 + 0.25 * 30) / 40)
+
+
 def test_what_cannot_be_read_is_one_error(tmp_path, capsys):
     """Not a run folder, a run without an SD term, a run that measured no step: an error line, exit ≠ 0,
     and no lambda_pilot.json."""

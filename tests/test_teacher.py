@@ -248,6 +248,7 @@ def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
         assert m["sd/kl_per_turn"] == pytest.approx(-gap_sum / 4 * (1 if n == 1 else 0.5))
         assert m["sd/kl_student_teacher"] == pytest.approx(-gap_sum / 7 * (1 if n == 1 else 0.5))
         assert m["sd/candidate_sampled_share"] == pytest.approx(2 / 3)
+        assert (m["sd/candidate_routed_turns"], m["sd/candidate_sampled_turns"]) == (3 * n, 2 * n)  # logged
         assert m["sd/gap_on_candidate"] == pytest.approx(0.75 * (1 if n == 1 else 0.5))
         assert m["sd/gap_off_candidate"] == pytest.approx(-6.0 * (1 if n == 1 else 0.5))
     none = sd_diagnostics([{"sd": {"sd/distilled_turns": 0, "sd/distilled_tokens": 0, "sd/gap_sum": 0.0,
