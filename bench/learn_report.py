@@ -187,17 +187,21 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
                "warm_start_greedy": {"success": greedy["avg@1"], "se": greedy["avg@1_se"],
                                      "games": greedy["tasks"]}}
     if gain:
-        table += f"\n\nGRPO gain over the warm start, avg@{k}: {gain[0]:+.3f} ± {gain[1]:.3f} (SE over seeds)"
+        table += f"\n\nGRPO gain over the warm start, avg@{k}: {_over_seeds(*gain, len(results['grpo']))}"
     for name, (g, se) in paired.items():
         table += (f"\n{name} gain over the warm start, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} "
                   "(SE over tasks)")
     for name, (g, se) in differences.items():
         table += f"\n{name}, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     for name, d in by_seed.items():
-        (g, se), n = d["mean_se"], d["seeds"]
-        table += f"\n{name}, avg@{k}, paired by seed: {g:+.3f} ± {se:.3f} (SE over {n} seeds)"
+        table += f"\n{name}, avg@{k}, paired by seed: {_over_seeds(*d['mean_se'], d['seeds'])}"
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
          {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
     return table
+
+
+def _over_seeds(mean: float, se: float, seeds: int) -> str:
+    """mean ± SE over seeds, or the mean alone where one seed gives no SE (not a NaN in the table)."""
+    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds)" if seeds > 1 else f"{mean:+.3f} (1 seed: no SE yet)"
