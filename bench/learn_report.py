@@ -204,4 +204,6 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
 
 def _over_seeds(mean: float, se: float, seeds: int) -> str:
     """mean ± SE over seeds, or the mean alone where one seed gives no SE (not a NaN in the table)."""
-    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds)" if seeds > 1 else f"{mean:+.3f} (1 seed: no SE yet)"
+    if seeds < 2:
+        return f"{mean:+.3f} (1 seed: no SE yet)"
+    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds)"
