@@ -33,7 +33,8 @@ warm start, SD strength (the SD / GRPO gradient-norm ratio, the KL per distilled
 of candidate turns whose sampled action is the candidate), and the differences against GRPO and of
 SMRC − FullPath at equal (λ, α), paired by task (the SE carries the panel's sampling noise) and by seed
 (the run-to-run noise of training)) and OUT/curves.png (training success, a moving average, and the in-loop
-validation success on fixed games, mean ± SE over seeds).
+validation success on fixed games, mean ± SE over seeds) and OUT/strength.png (the dose-response: each SD
+row's difference from GRPO, paired by seed, against its SD / GRPO gradient share).
 """
 import hashlib
 import json
@@ -159,7 +160,7 @@ class LearnArgs:
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
     report_only: bool = False
-    """rewrite results.json / results.md / curves.png from the runs of OUT that have finished;
+    """rewrite results.json / results.md / curves.png / strength.png from the runs of OUT that have finished;
     start nothing"""
     workers: int = 2
     """runs (training + evaluation) in flight at once; each child gets max(1, cores // workers) torch
@@ -311,7 +312,8 @@ def main(args: LearnArgs) -> None:
             table = summarize(Path(args.out), args.k, [(a.name, b.name) for a, b in pairs(rows)], vars(args),
                               before, results, wall, greedy)
     print(table)
-    print(f"[learn] wrote {args.out}/results.json, results.md, curves.png in {time.perf_counter() - t0:.0f}s")
+    print(f"[learn] wrote {args.out}/results.json, results.md, curves.png, strength.png "
+          f"in {time.perf_counter() - t0:.0f}s")
 
 
 if __name__ == "__main__":

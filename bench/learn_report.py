@@ -164,6 +164,51 @@ def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def dose_points(rows: list[dict], by_seed: dict[str, dict]) -> list[tuple[str, float, float, float, int]]:
+    """(row, SD / GRPO gradient share, row − GRPO paired by seed, its SE, seeds) of every row with an SD
+    term and a GRPO difference: the dose-response figure's points."""
+    share = {r["name"]: r["sd/grpo"][0] for r in rows if "sd/grpo" in r}
+    out = []
+    for name, d in by_seed.items():
+        a, b = name.split(" − ")
+        if b == "grpo" and a in share and d["seeds"]:
+            out.append((a, share[a], *d["mean_se"], d["seeds"]))
+    return out
+
+
+def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) -> None:
+    """Each SD row's Avg@k − GRPO (paired by seed, ± SE where there are ≥ 2 seeds) against its SD / GRPO
+    gradient share (log scale): the dose-response. Not drawn without matplotlib or points."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"[learn] matplotlib is not installed: {path} not drawn", flush=True)
+        return
+    if not points:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, x, y, se, n in points:
+        style = dict(marker="s" if name.startswith("oracle-") else "o",
+                     color="tab:blue" if "smrc" in name else "tab:orange")
+        ax.errorbar([x], [y], yerr=[0 if np.isnan(se) else se], capsize=3, **style)
+        ax.annotate(f"{name} ({n} seed{'s' * (n > 1)})", (x, y), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.margins(x=0.35, y=0.15)
+    ax.set_xlabel("SD / GRPO gradient share (median per run, mean over seeds)")
+    ax.set_ylabel("Avg@k − GRPO, paired by seed")
+    ax.set_title("SMRC (blue) / FullPath (orange); model teacher (o), oracle (s)", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, before: dict,
               results: dict[str, list], seconds: float | None, greedy: dict) -> str:
     """Write results.json / results.md / curves.png into `out` from what has finished so far: `results` maps a
@@ -197,6 +242,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
         table += f"\n{name}, avg@{k}, paired by seed: {_over_seeds(*d['mean_se'], d['seeds'])}"
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
+    plot_dose(dose_points(table_rows, by_seed), out / "strength.png")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
          {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
     return table

@@ -233,3 +233,20 @@ def test_a_child_run_starts_with_its_threads(tmp_path):
     _run(LearnArgs(workers=2), ["-c", code], log)
     policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")  # a value set by the user is passed on
     assert log.read_text().split() == [str(max(1, usable_cores() // 2)), policy]
+
+
+def test_dose_points_pair_each_sd_row_with_its_difference_from_grpo(tmp_path):
+    """The dose-response figure's points: rows with an SD share and a difference against GRPO, by hand (the
+    SMRC − FullPath difference and rows without a share are not points); the figure is drawn from them."""
+    from bench.learn_report import dose_points, plot_dose
+    rows = [{"name": "grpo"}, {"name": "smrc-sd-lam0.2", "sd/grpo": (0.7, 0.05)},
+            {"name": "fullpath-sd-lam0.2", "sd/grpo": (0.4, 0.02)}]
+    by_seed = {"smrc-sd-lam0.2 − grpo": {"mean_se": (-0.05, 0.02), "seeds": 5},
+               "fullpath-sd-lam0.2 − grpo": {"mean_se": (-0.03, float("nan")), "seeds": 1},
+               "smrc-sd-lam0.2 − fullpath-sd-lam0.2": {"mean_se": (-0.02, 0.02), "seeds": 5}}
+    points = dose_points(rows, by_seed)
+    assert points == [("smrc-sd-lam0.2", 0.7, -0.05, 0.02, 5), ("fullpath-sd-lam0.2", 0.4, -0.03,
+                                                                 pytest.approx(float("nan"), nan_ok=True), 1)]
+    pytest.importorskip("matplotlib")
+    plot_dose(points, tmp_path / "strength.png")
+    assert (tmp_path / "strength.png").stat().st_size > 0
