@@ -25,7 +25,7 @@ import traceback
 from multiprocessing.connection import Connection, Pipe
 
 import envs
-from environments.pool import die_with_parent, poll_running
+from environments.pool import PARENT_GONE, die_with_parent, poll_running
 from envs import EnvError, PlanResult, Task
 
 
@@ -55,20 +55,22 @@ def _planner_worker(conn, cfg, parent_pid: int) -> None:
     while True:
         try:
             task, actions = conn.recv()
-        except (EOFError, KeyboardInterrupt):
+        except PARENT_GONE:
             break
         try:
             results = envs.replay(env, task, actions)
             if len(results) <= len(actions):
                 raise EnvError(f"the episode ended (won) after {len(results) - 1} of {len(actions)} "
                                "replayed actions")
-            if results[-1].won:
-                conn.send(("ok", [], "already won"))
-                continue
-            plan = env.expert_plan()
-            conn.send(("ok", plan, "") if plan else ("unsolvable", None, "the planner found no plan"))
+            plan = [] if results[-1].won else env.expert_plan()
+            reply = (("ok", [], "already won") if results[-1].won else ("ok", plan, "") if plan
+                     else ("unsolvable", None, "the planner found no plan"))
         except Exception:
-            conn.send(("error", None, traceback.format_exc()))
+            reply = ("error", None, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except PARENT_GONE:
+            break
 
 
 class Planner:

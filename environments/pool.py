@@ -30,6 +30,11 @@ import envs
 from envs import EnvError, StepResult, Task
 
 
+# what a worker's pipe raises once the trainer is gone (closed, killed, or stopped by a second signal while a
+# reply was on its way): the worker then ends quietly, with no traceback on the trainer's stderr
+PARENT_GONE = (EOFError, ConnectionError, KeyboardInterrupt)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Linux: the kernel sends this process SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere a
     no-op. A parent that died before the request is caught by the pid check."""
@@ -53,7 +58,7 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
     while True:
         try:
             cmd, items = conn.recv()
-        except (EOFError, KeyboardInterrupt):
+        except PARENT_GONE:
             break
         if cmd == "close":
             break
@@ -63,10 +68,14 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
                 env = slots.get(slot) or slots.setdefault(slot, envs.make_env(cfg))
                 out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
             except Exception:
-                conn.send(("err", (slot, traceback.format_exc()), time.perf_counter() - t0))
+                reply = ("err", (slot, traceback.format_exc()), time.perf_counter() - t0)
                 break
         else:
-            conn.send(("ok", out, time.perf_counter() - t0))
+            reply = ("ok", out, time.perf_counter() - t0)
+        try:
+            conn.send(reply)
+        except PARENT_GONE:
+            break
     for env in slots.values():
         env.close()
 
