@@ -102,7 +102,7 @@ def measure(run_dir: Path) -> Pilot:
     ratio, kl, share = run_strength(rows)
     q = (float(np.quantile(unit, 0.25)), float(np.quantile(unit, 0.75))) if unit else (math.nan, math.nan)
     return Pilot(sd_coef=sd_coef, steps=len(rows), measured=len(unit), ratio=ratio,
-                 unit_ratio=float(np.median(unit)) if unit else math.nan, unit_quartiles=q, kl_per_turn=kl,
+                 unit_ratio=ratio / sd_coef, unit_quartiles=q, kl_per_turn=kl,
                  candidate_share=share, distilled_share=float(np.mean([m.get("sd/distilled_share", 0.0)
                                                                        for m in rows])) if rows else math.nan)
 

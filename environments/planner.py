@@ -62,9 +62,11 @@ def _planner_worker(conn, cfg, parent_pid: int) -> None:
             if len(results) <= len(actions):
                 raise EnvError(f"the episode ended (won) after {len(results) - 1} of {len(actions)} "
                                "replayed actions")
-            plan = [] if results[-1].won else env.expert_plan()
-            reply = (("ok", [], "already won") if results[-1].won else ("ok", plan, "") if plan
-                     else ("unsolvable", None, "the planner found no plan"))
+            if results[-1].won:
+                reply = ("ok", [], "already won")
+            else:
+                plan = env.expert_plan()
+                reply = ("ok", plan, "") if plan else ("unsolvable", None, "the planner found no plan")
         except Exception:
             reply = ("error", None, traceback.format_exc())
         try:
