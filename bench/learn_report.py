@@ -164,16 +164,13 @@ def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def dose_points(rows: list[dict], by_seed: dict[str, dict]) -> list[tuple[str, float, float, float, int]]:
+def dose_points(rows: list[dict], by_seed: dict[tuple[str, str], dict]
+                ) -> list[tuple[str, float, float, float, int]]:
     """(row, SD / GRPO gradient share, row − GRPO paired by seed, its SE, seeds) of every row with an SD
-    term and a GRPO difference: the dose-response figure's points."""
+    term and a GRPO difference (`by_seed` maps a pair (a, b) to a − b): the dose-response figure's points."""
     share = {r["name"]: r["sd/grpo"][0] for r in rows if "sd/grpo" in r}
-    out = []
-    for name, d in by_seed.items():
-        a, b = name.split(" − ")
-        if b == "grpo" and a in share and d["seeds"]:
-            out.append((a, share[a], *d["mean_se"], d["seeds"]))
-    return out
+    return [(a, share[a], *d["mean_se"], d["seeds"]) for (a, b), d in by_seed.items()
+            if b == "grpo" and a in share and d["seeds"]]
 
 
 def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) -> None:
@@ -225,7 +222,8 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
     present = [(a, b) for a, b in pairs if results.get(a) and results.get(b)]
     differences = {f"{a} − {b}": paired_difference(out, names[a], names[b]) for a, b in present}
-    by_seed = {f"{a} − {b}": seed_paired_difference(results, a, b, k) for a, b in present}
+    seed_pairs = {(a, b): seed_paired_difference(results, a, b, k) for a, b in present}
+    by_seed = {f"{a} − {b}": d for (a, b), d in seed_pairs.items()}
     summary = {"args": settings, "rows": table_rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,
                "paired_difference_avg@k": differences, "seed_paired_difference_avg@k": by_seed,
                "wall_s": seconds,
@@ -242,7 +240,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
         table += f"\n{name}, avg@{k}, paired by seed: {_over_seeds(*d['mean_se'], d['seeds'])}"
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
-    plot_dose(dose_points(table_rows, by_seed), out / "strength.png")
+    plot_dose(dose_points(table_rows, seed_pairs), out / "strength.png")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
          {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
     return table

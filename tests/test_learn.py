@@ -241,9 +241,9 @@ def test_dose_points_pair_each_sd_row_with_its_difference_from_grpo(tmp_path):
     from bench.learn_report import dose_points, plot_dose
     rows = [{"name": "grpo"}, {"name": "smrc-sd-lam0.2", "sd/grpo": (0.7, 0.05)},
             {"name": "fullpath-sd-lam0.2", "sd/grpo": (0.4, 0.02)}]
-    by_seed = {"smrc-sd-lam0.2 − grpo": {"mean_se": (-0.05, 0.02), "seeds": 5},
-               "fullpath-sd-lam0.2 − grpo": {"mean_se": (-0.03, float("nan")), "seeds": 1},
-               "smrc-sd-lam0.2 − fullpath-sd-lam0.2": {"mean_se": (-0.02, 0.02), "seeds": 5}}
+    by_seed = {("smrc-sd-lam0.2", "grpo"): {"mean_se": (-0.05, 0.02), "seeds": 5},
+               ("fullpath-sd-lam0.2", "grpo"): {"mean_se": (-0.03, float("nan")), "seeds": 1},
+               ("smrc-sd-lam0.2", "fullpath-sd-lam0.2"): {"mean_se": (-0.02, 0.02), "seeds": 5}}
     points = dose_points(rows, by_seed)
     assert points == [("smrc-sd-lam0.2", 0.7, -0.05, 0.02, 5), ("fullpath-sd-lam0.2", 0.4, -0.03,
                                                                  pytest.approx(float("nan"), nan_ok=True), 1)]
