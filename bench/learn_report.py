@@ -197,7 +197,9 @@ def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) ->
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.margins(x=0.35, y=0.15)
+    shares = [x for _, x, *_ in points]
+    ax.set_xlim(min(shares) / 1.6, max(shares) * 3)  # room on the right for the last point's label
+    ax.margins(y=0.15)
     ax.set_xlabel("SD / GRPO gradient share (median per run, mean over seeds)")
     ax.set_ylabel("Avg@k − GRPO, paired by seed")
     ax.set_title("SMRC (blue) / FullPath (orange); model teacher (o), oracle (s)", fontsize=9)
