@@ -23,8 +23,8 @@ if cache and cache.exists():
 else:  # the build's own steps (build_tiny_agent) up to its plan: ~4-8 min of planner references
     recipe = w.RECIPES[w.TINY_AGENT]
     examples, weights = w.weighted(w.demonstrations(recipe), recipe.differing_repeats)
-    data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id])
-            for e in examples]
+    data = [(chat_ids(tok, e.user_text),
+             tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id]) for e in examples]
     epochs = [recipe.context_epochs if e.format else recipe.epochs for e in examples]
     plan = w.training_plan([len(p) + len(r) for p, r in data], weights, epochs, recipe.batch_tokens,
                            random.Random(0))
