@@ -85,11 +85,19 @@ def _per_task_mean(out: Path, names: list[str]) -> dict[str, float]:
 
 def paired_difference(out: Path, a: list[str], b: list[str]) -> tuple[float, float]:
     """Avg@k of evaluations `a` minus `b` on the same panel, paired by task: per task, (mean over a's seeds)
-    − (mean over b's); mean ± SE over tasks. It carries the panel's sampling noise, which an SE over seeds
-    does not see."""
+    − (mean over b's) (the same seeds: `on_shared_seeds`); mean ± SE over tasks. It carries the panel's
+    sampling noise, which an SE over seeds does not see."""
     pa, pb = _per_task_mean(out, a), _per_task_mean(out, b)
     d = np.asarray([pa[t] - pb[t] for t in sorted(pb)])
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+
+
+def on_shared_seeds(a: list, b: list) -> tuple[list[str], list[str]]:
+    """The evaluation names of two rows' (run folder, metrics) pairs on the seeds both rows have: while a
+    sweep is in progress, a row − row difference compares the same seeds, not one row's first seed with the
+    other's mean over more."""
+    seeds = {_run_seed(r) for r, _ in a} & {_run_seed(r) for r, _ in b}
+    return [r.name for r, _ in a if _run_seed(r) in seeds], [r.name for r, _ in b if _run_seed(r) in seeds]
 
 
 def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> dict:
@@ -221,9 +229,9 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
         gain = _mean_se([m[f"avg@{k}"] - before[f"avg@{k}"] for _, m in results["grpo"]])
     table = markdown(table_rows, k)
     paired = {name: paired_gain(out, [r for r, _ in rs]) for name, rs in results.items()}
-    names = {row: [r.name for r, _ in rs] for row, rs in results.items()}
     present = [(a, b) for a, b in pairs if results.get(a) and results.get(b)]
-    differences = {f"{a} − {b}": paired_difference(out, names[a], names[b]) for a, b in present}
+    shared = {(a, b): on_shared_seeds(results[a], results[b]) for a, b in present}
+    differences = {f"{a} − {b}": paired_difference(out, *shared[a, b]) for a, b in present if shared[a, b][0]}
     seed_pairs = {(a, b): seed_paired_difference(results, a, b, k) for a, b in present}
     by_seed = {f"{a} − {b}": d for (a, b), d in seed_pairs.items()}
     summary = {"args": settings, "rows": table_rows, "grpo_gain_avg@k": gain, "paired_gain_avg@k": paired,

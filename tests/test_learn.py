@@ -202,6 +202,24 @@ def test_seed_paired_difference_pairs_the_seeds_both_rows_have(tmp_path):
     assert one["mean_se"][1] != one["mean_se"][1]  # NaN: no SE from one seed
 
 
+def test_a_by_task_difference_compares_the_seeds_both_rows_have(tmp_path):
+    """While a sweep is in progress, row a − row b paired by task takes the seeds both have: a row with
+    seed 0 against GRPO with seeds 0 and 1 is seed 0 against seed 0, by hand."""
+    from bench.learn_report import on_shared_seeds, paired_difference
+    (tmp_path / "eval").mkdir()
+    won = {"smrc-sd-lam0.2-seed0": [1, 0, 0, 0], "grpo-seed0": [0, 0, 0, 0], "grpo-seed1": [1, 1, 1, 1]}
+    for name, w in won.items():  # two tasks of two attempts each
+        eps = [{"task_id": f"t{i // 2}", "won": x} for i, x in enumerate(w)]
+        (tmp_path / "eval" / f"{name}.json").write_text(json.dumps({"rows": [{"episodes": eps}]}))
+    rows = {name.rsplit("-seed", 1)[0]: [] for name in won}
+    for name in won:
+        rows[name.rsplit("-seed", 1)[0]].append((tmp_path / name, {}))
+    a, b = on_shared_seeds(rows["smrc-sd-lam0.2"], rows["grpo"])
+    assert (a, b) == (["smrc-sd-lam0.2-seed0"], ["grpo-seed0"])
+    assert paired_difference(tmp_path, a, b)[0] == pytest.approx(0.25)  # tasks: 0.5 − 0 and 0 − 0
+    assert paired_difference(tmp_path, a, ["grpo-seed0", "grpo-seed1"])[0] == pytest.approx(-0.25)  # mixed
+
+
 def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     import learn
