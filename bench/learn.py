@@ -26,8 +26,9 @@ Resumable: a run is started with `--resume` (it continues from its latest checkp
 evaluation (its JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished
 run needs only its `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine
 from those small files and the warm start (bench/results/learn_sweep_v21/ holds issue 36's table and its warm
-start's weights: pass that folder's warm_start/ as --model); OUT/warm_start.json pins the warm start's weights
-(sha256), and a sweep with another build of it is refused.
+start's weights: pass that folder's warm_start/ as --model, and its evaluations of the warm start are reused
+rather than repeated); OUT/warm_start.json pins the warm start's weights (sha256), and a sweep with another
+build of it is refused.
 Writes OUT/results.json (every number), OUT/results.md (the table: each row's Avg@k, Pass@k, gain over the
 warm start, SD strength (the SD / GRPO gradient-norm ratio, the KL per distilled turn, the share
 of candidate turns whose sampled action is the candidate), and the differences against GRPO and of
@@ -41,6 +42,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -261,6 +263,30 @@ def check_warm_start(args: LearnArgs) -> str:
     return sha
 
 
+def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
+    """Copy a record's evaluations of this very warm start into OUT/eval instead of repeating them (two
+    evaluations, ~30 min on 2 cores). A sweep record (learn_sweep_v21) keeps its warm start as
+    RECORD/warm_start/, pinned by RECORD/warm_start.json, and its evaluations as
+    RECORD/eval/warm-start[-greedy].json; one is taken only for the same weights (sha256), the same number of
+    games and the same k."""
+    record, out = Path(args.model).parent, Path(args.out) / "eval"
+    pin = record / "warm_start.json"
+    if not pin.exists() or json.loads(pin.read_text()).get("sha256") != sha:
+        return []
+    taken = []
+    for name, k in (("warm-start", args.k), ("warm-start-greedy", 1)):
+        src = record / "eval" / f"{name}.json"
+        if (out / f"{name}.json").exists() or not src.exists():  # OUT may be the record itself
+            continue
+        done = json.loads(src.read_text())
+        if done["k"] == k and len(done["tasks"]) == args.eval_games:
+            out.mkdir(parents=True, exist_ok=True)
+            for suffix in (".json", ".md"):
+                shutil.copyfile(src.with_name(name + suffix), out / (name + suffix))
+            taken.append(str(src))
+    return taken
+
+
 def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: bool = False) -> dict:
     out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md
                                                # (a name may hold dots: lam0.3)
@@ -284,6 +310,8 @@ def main(args: LearnArgs) -> None:
             f"{args.out} has no finished evaluation of the warm start"
     else:
         sha = check_warm_start(args)
+        for src in reuse_warm_start_evaluations(args, sha):
+            print(f"[learn] the warm start's evaluation is {src}'s (same weights, games and k)", flush=True)
         threads = worker_env(args.workers)["OMP_NUM_THREADS"]
         print(f"[learn] warm start {args.model}: weights sha256 {sha[:12]}; {args.workers} runs at once x "
               f"{threads} torch threads on {usable_cores()} cores", flush=True)

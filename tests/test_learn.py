@@ -5,6 +5,7 @@ instead of redoing work. The learning claim itself lives in the benchmark's outp
 Run: pytest tests/test_learn.py -q
 """
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0",
          "--rows", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3", "--eval-every", "2",
          "--val-games", "2",
@@ -230,6 +232,34 @@ def test_a_sweep_refuses_runs_of_another_warm_start_build(tmp_path):
     (tmp_path / "warm_start.json").write_text(json.dumps({"model": "tiny", "sha256": "0" * 64}))
     with pytest.raises(SystemExit, match="another build of tiny"):
         learn.check_warm_start(args)
+
+
+def test_a_records_evaluation_of_the_same_warm_start_is_reused_not_repeated(tmp_path):
+    """A warm start kept in a sweep record (RECORD/warm_start/, pinned by RECORD/warm_start.json) brings the
+    record's evaluations of it into a new OUT; other weights, another k or panel size bring nothing."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import learn
+    record = tmp_path / "record"
+    (record / "warm_start").mkdir(parents=True)
+    (record / "warm_start" / "model.safetensors").write_bytes(b"weights")
+    (record / "eval").mkdir()
+    for name, k in (("warm-start", 4), ("warm-start-greedy", 1)):
+        (record / "eval" / f"{name}.json").write_text(json.dumps({"k": k, "tasks": ["a", "b", "c"]}))
+        (record / "eval" / f"{name}.md").write_text(name)
+
+    def reuse(pinned: bytes, out: str, **kw) -> list[str]:
+        (record / "warm_start.json").write_text(json.dumps({"sha256": hashlib.sha256(pinned).hexdigest()}))
+        args = learn.LearnArgs(model=str(record / "warm_start"), eval_games=3, k=4, out=str(tmp_path / out))
+        args = dataclasses.replace(args, **kw)
+        return learn.reuse_warm_start_evaluations(args, learn.check_warm_start(args))
+
+    greedy = str(record / "eval" / "warm-start-greedy.json")
+    assert reuse(b"other weights", "a") == [] and reuse(b"weights", "b", eval_games=2) == []
+    assert reuse(b"weights", "c", k=2) == [greedy]  # greedy is k=1 whatever --k is
+    assert reuse(b"weights", "d") == [str(record / "eval" / "warm-start.json"), greedy]
+    assert sorted(f.name for f in (tmp_path / "d" / "eval").iterdir()) == [
+        "warm-start-greedy.json", "warm-start-greedy.md", "warm-start.json", "warm-start.md"]
+    assert reuse(b"weights", "d") == []  # already there: nothing copied again
 
 
 def test_each_worker_gets_its_share_of_the_cores():
