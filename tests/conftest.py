@@ -20,3 +20,12 @@ def tiny():
     from models import load_model
     torch.manual_seed(0)
     return load_model(resolve("tiny"))
+
+
+@pytest.fixture(scope="session")
+def quick_agent() -> str:
+    """tiny-agent-quick's folder, built in this worker on all its torch threads before a test needs it. The
+    tests run smrc.py on one torch thread, so a build started there took twice as long while the other worker
+    waited for it (the build gives the same bytes on 1 and 2 threads). Used by the files that run it."""
+    from embedded.warmstart import resolve
+    return resolve("tiny-agent-quick")

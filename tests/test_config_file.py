@@ -17,6 +17,7 @@ from config import parse_config
 from scale.checkpoint import record_config
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 
 
 def _fields(cfg) -> dict:

@@ -13,7 +13,8 @@ import pytest
 from environments.alfworld import AlfworldConfig
 
 DATA = os.environ.get("ALFWORLD_DATA", "")
-pytestmark = pytest.mark.skipif(not DATA, reason="needs the official ALFWorld sample (ALFWORLD_DATA)")
+pytestmark = [pytest.mark.skipif(not DATA, reason="needs the official ALFWorld sample (ALFWORLD_DATA)"),
+              pytest.mark.usefixtures("quick_agent")]  # build it on every core first (conftest)
 
 
 def test_damaged_games_are_skipped_counted_and_named(tmp_path, capsys):

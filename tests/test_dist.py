@@ -24,6 +24,7 @@ from grpo import GRPOConfig
 from scale.distributed import World, close, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
         "--alfworld.max-steps", "3", "--alfworld.num-workers", "1"]

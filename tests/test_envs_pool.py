@@ -213,6 +213,7 @@ def test_prefetched_plan_is_the_plan_and_a_later_call_does_not_replan(tasks):
     planner.close()
 
 
+@pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_ends_as_without_the_crash(tmp_path):
     """kill -9 one env worker of a running trainer: a new worker replays its episodes, the run ends (exit 0)
     with every metric of an uninterrupted run of the same seed (times and the crash counts aside), and the

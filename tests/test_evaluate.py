@@ -30,6 +30,7 @@ from analysis import audits
 from environments.alfworld import AlfworldConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 RUN = ["--preset", "tiny", "--steps", "4", "--save-every", "3", "--rollout.tasks-per-step", "2",
        "--rollout.group-size", "2", "--alfworld.max-steps", "4"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -29,6 +29,7 @@ from test_evaluate import _eval_error
 from test_smrc import metrics, run
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 # the cheapest real training step: one task group of two rollouts of two turns, in-process envs, GRPO without
 # planner references (what is tested here, the loop's saving, logging and resuming, is the same for
 # every algo)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 pytest.importorskip("alfworld", reason="the training loop runs on the real ALFWorld engine")
 # small enough for CI, big enough to exercise groups, halves of the rollout pipeline, routing and the update
 FAST = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",

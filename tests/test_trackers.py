@@ -21,6 +21,7 @@ pytest.importorskip("tensorboard", reason="pip install -r requirements-tracking.
 mlflow = pytest.importorskip("mlflow", reason="pip install -r requirements-tracking.txt")
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 RUN = ["--preset", "tiny", "--save-every", "1", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
        "--alfworld.max-steps", "4", "--eval-every", "2", "--eval-tasks", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}

@@ -34,6 +34,8 @@ from scale import vllm_engine  # noqa: E402
 from fakes import teacher_requests  # noqa: E402
 from teacher import TeacherConfig  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
+
 ATOL = 1e-4
 TEXTS = ["Your task is to: put a clean mug in coffeemachine.", "go to fridge 1",
          "You arrive at cabinet 1. The cabinet 1 is closed. "
