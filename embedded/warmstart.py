@@ -76,6 +76,10 @@ class Recipe:
     bf16: bool = False         # bfloat16 autocast for the forward pass (weights and optimizer stay float32),
     #                            where the CPU computes bf16 natively (native_bf16); float32 elsewhere
 
+    @property
+    def passes_with_context(self) -> float:
+        return self.epochs if self.context_epochs is None else self.context_epochs
+
 
 RECIPES = {TINY_AGENT: Recipe(games=320, epochs=1.8, context_epochs=1.2, bf16=True),
            # quick: the smoke run's, CI's
@@ -282,21 +286,25 @@ def context_stats(examples: list[Example]) -> dict:
     return out
 
 
+def training_set(tok, recipe: Recipe, seed: int = 0) -> tuple[list, list[int], list[list[int]], dict]:
+    """What a build trains on: each example as (prompt ids, response ids + eos), its weight (copies), the plan
+    (every epoch's batches of example indices, packed by length) and the examples' `context_stats`."""
+    examples = demonstrations(recipe)
+    stats = context_stats(examples)
+    examples, weights = weighted(examples, recipe.differing_repeats)  # where only reading is right: x repeats
+    data = [(chat_ids(tok, e.user_text),
+             tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id]) for e in examples]
+    plan = training_plan([len(p) + len(r) for p, r in data], weights,
+                         [recipe.passes_with_context if e.format else recipe.epochs for e in examples],
+                         recipe.batch_tokens, random.Random(seed))
+    return data, weights, plan, stats
+
+
 def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     _, tok = load_model(tiny.model_dir())
     model = tiny.new_model(tok, layers=recipe.layers, hidden=128, seed=seed)
-    examples = demonstrations(recipe)
-    stats = context_stats(examples)
+    data, weights, plan, stats = training_set(tok, recipe, seed)
     print(f"{path.name}: {json.dumps(stats)}", flush=True)
-    # where only reading is right: weighs more
-    examples, weights = weighted(examples, recipe.differing_repeats)
-    data = [(chat_ids(tok, e.user_text), tok(envs.action_response(e.action))["input_ids"]
-             + [tok.eos_token_id])
-            for e in examples]
-    context_epochs = recipe.epochs if recipe.context_epochs is None else recipe.context_epochs
-    plan = training_plan([len(p) + len(r) for p, r in data], weights,
-                         [context_epochs if e.format else recipe.epochs for e in examples],
-                         recipe.batch_tokens, random.Random(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup_cosine = lambda k: (min(1.0, (k + 1) / 30) * 0.5  # noqa: E731
                                * (1 + math.cos(math.pi * k / len(plan))))
@@ -305,7 +313,7 @@ def build_tiny_agent(path: Path, recipe: Recipe, seed: int = 0) -> None:
     bf16 = recipe.bf16 and native_bf16()  # emulated bf16 is ~6x slower than float32 (AVX2-only CPUs)
     stats.update(bf16_autocast=bf16, cpu_capability=torch.backends.cpu.get_cpu_capability())
     bar = tqdm(plan, desc=f"{path.name}: behaviour cloning ({len(data)} examples weighing {sum(weights)}, "
-                          f"{recipe.epochs:g} epochs, context {context_epochs:g})")
+                          f"{recipe.epochs:g} epochs, context {recipe.passes_with_context:g})")
     for idx in bar:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logp, mask = response_logprobs(model, [data[i] for i in idx], tok.pad_token_id)   # (B, R)

@@ -8,26 +8,19 @@ idle float32 time. Float32 (as on a CPU without native bf16), 2 threads. Output:
 
     python bench/results/warmstart_v21/batch_time_real.py [PLAN.json]   # PLAN.json: a cache of the plan
 """
-import json, random, sys, time, torch
+import json, sys, time, torch
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import envs
 from embedded import tiny, warmstart as w
-from models import chat_ids, load_model
+from models import load_model
 
 torch.set_num_threads(2)
 _, tok = load_model(tiny.model_dir())
 cache = Path(sys.argv[1]) if len(sys.argv) > 1 else None
 if cache and cache.exists():
     d = json.loads(cache.read_text())
-else:  # the build's own steps (build_tiny_agent) up to its plan: ~4-8 min of planner references
-    recipe = w.RECIPES[w.TINY_AGENT]
-    examples, weights = w.weighted(w.demonstrations(recipe), recipe.differing_repeats)
-    data = [(chat_ids(tok, e.user_text),
-             tok(envs.action_response(e.action))["input_ids"] + [tok.eos_token_id]) for e in examples]
-    epochs = [recipe.context_epochs if e.format else recipe.epochs for e in examples]
-    plan = w.training_plan([len(p) + len(r) for p, r in data], weights, epochs, recipe.batch_tokens,
-                           random.Random(0))
+else:  # the build's own training set (warmstart.training_set): ~4-8 min of planner references
+    data, _, plan, _ = w.training_set(tok, w.RECIPES[w.TINY_AGENT], seed=0)
     d = {"data": data, "plan": plan}
     if cache:
         cache.write_text(json.dumps(d))
