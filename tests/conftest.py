@@ -1,6 +1,7 @@
 """Shared test set-up: the embedded tiny model is built once per session in a temporary cache,
 never in $HOME."""
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,8 +25,13 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def quick_agent() -> str:
-    """tiny-agent-quick's folder, built in this worker on all its torch threads before a test needs it. The
-    tests run smrc.py on one torch thread, so a build started there took twice as long while the other worker
-    waited for it (the build gives the same bytes on 1 and 2 threads). Used by the files that run it."""
-    from embedded.warmstart import resolve
-    return resolve("tiny-agent-quick")
+    """tiny-agent-quick's folder, built before a test needs it, in a child process on all the cores. The tests
+    run smrc.py on one torch thread, so a build started there took twice as long while the other worker waited
+    for it (the build gives the same bytes on 1 and 2 threads); a child, not this worker, so that the worker's
+    memory stays as small as a test expects (test_memory's peaks). Used by the files that run it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    code = "from embedded.warmstart import resolve; print(resolve('tiny-agent-quick'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
