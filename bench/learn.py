@@ -25,10 +25,11 @@ no algorithm gets its own tuning.
 Resumable: a run is started with `--resume` (it continues from its latest checkpoint), and a finished
 evaluation (its JSON exists) is not repeated, so an interrupted sweep picks up where it stopped. A finished
 run needs only its `metrics.jsonl` and its evaluation's JSON, so a sweep can be continued on another machine
-from those small files and the warm start (bench/results/learn_sweep_v21/ holds issue 36's table and its warm
-start's weights: pass that folder's warm_start/ as --model, and its evaluations of the warm start are reused
-rather than repeated); OUT/warm_start.json pins the warm start's weights (sha256), and a sweep with another
-build of it is refused.
+from those small files and the warm start (a run left unfinished on the first machine starts again from step
+0 unless its whole folder, checkpoints included, is copied too). bench/results/learn_sweep_v21/ holds issue
+36's table and its warm start's weights: pass that folder's warm_start/ as --model, and its evaluations of
+the warm start are reused rather than repeated. OUT/warm_start.json pins the warm start's weights (sha256),
+and a sweep with another build of it is refused.
 Writes OUT/results.json (every number), OUT/results.md (the table: each row's Avg@k, Pass@k, gain over the
 warm start, SD strength (the SD / GRPO gradient-norm ratio, the KL per distilled turn, the share
 of candidate turns whose sampled action is the candidate), and the differences against GRPO and of
