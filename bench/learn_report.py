@@ -25,6 +25,7 @@ def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, floa
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean ± SE (ddof 1) of the values; the SE is NaN for one value."""
     v = np.asarray(values, dtype=float)
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
 
@@ -88,16 +89,20 @@ def paired_difference(out: Path, a: list[str], b: list[str]) -> tuple[float, flo
     − (mean over b's) (the same seeds: `on_shared_seeds`); mean ± SE over tasks. It carries the panel's
     sampling noise, which an SE over seeds does not see."""
     pa, pb = _per_task_mean(out, a), _per_task_mean(out, b)
-    d = np.asarray([pa[t] - pb[t] for t in sorted(pb)])
-    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return _mean_se([pa[t] - pb[t] for t in sorted(pb)])
 
 
 def on_shared_seeds(a: list, b: list) -> tuple[list[str], list[str]]:
     """The evaluation names of two rows' (run folder, metrics) pairs on the seeds both rows have: while a
     sweep is in progress, a row − row difference compares the same seeds, not one row's first seed with the
     other's mean over more."""
-    seeds = {_run_seed(r) for r, _ in a} & {_run_seed(r) for r, _ in b}
+    seeds = _shared_seeds(a, b)
     return [r.name for r, _ in a if _run_seed(r) in seeds], [r.name for r, _ in b if _run_seed(r) in seeds]
+
+
+def _shared_seeds(a: list, b: list) -> list[int]:
+    """The seeds two rows' (run folder, metrics) pairs both have, in order."""
+    return sorted({_run_seed(r) for r, _ in a} & {_run_seed(r) for r, _ in b})
 
 
 def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> dict:
@@ -106,7 +111,7 @@ def seed_paired_difference(results: dict[str, list], a: str, b: str, k: int) -> 
     carries the run-to-run variation of training, the noise that decides whether one algorithm beats
     another."""
     avg = {r: {_run_seed(run): m[f"avg@{k}"] for run, m in results[r]} for r in (a, b)}
-    d = [avg[a][s] - avg[b][s] for s in sorted(set(avg[a]) & set(avg[b]))]
+    d = [avg[a][s] - avg[b][s] for s in _shared_seeds(results[a], results[b])]
     return {"mean_se": _mean_se(d), "seeds": len(d), "per_seed": d}
 
 
@@ -170,6 +175,7 @@ def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)  # a sweep redraws after every run: an open figure per draw would pile up
 
 
 def dose_points(rows: list[dict], by_seed: dict[tuple[str, str], dict]
@@ -214,6 +220,7 @@ def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) ->
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, before: dict,
@@ -256,8 +263,14 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     return table
 
 
+SEPARATED = 2.0  # |mean| / SE over seeds at which the report calls two rows' order separated (docs/results.md)
+
+
 def _over_seeds(mean: float, se: float, seeds: int) -> str:
-    """mean ± SE over seeds, or the mean alone where one seed gives no SE (not a NaN in the table)."""
+    """mean ± SE over seeds with how many SE from 0 and whether that separates the rows, or the mean alone
+    where one seed gives no SE (not a NaN in the table)."""
     if seeds < 2:
         return f"{mean:+.3f} (1 seed: no SE yet)"
-    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds)"
+    z = abs(mean) / se if se > 0 else (float("inf") if mean else 0.0)
+    verdict = "separated" if z >= SEPARATED else "not separated"
+    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds; {z:.1f} SE: {verdict})"

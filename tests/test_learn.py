@@ -296,5 +296,18 @@ def test_dose_points_pair_each_sd_row_with_its_difference_from_grpo(tmp_path):
     assert points == [("smrc-sd-lam0.2", 0.7, -0.05, 0.02, 5), ("fullpath-sd-lam0.2", 0.4, -0.03,
                                                                  pytest.approx(float("nan"), nan_ok=True), 1)]
     pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
     plot_dose(points, tmp_path / "strength.png")
     assert (tmp_path / "strength.png").stat().st_size > 0
+    assert plt.get_fignums() == []  # a sweep redraws after each of its runs: no figure is left open
+
+
+def test_a_by_seed_difference_says_whether_it_separates_the_rows():
+    """The report's verdict on an ordering: separated at >= 2 SE over seeds, "not separated" below, no SE
+    (and no verdict) from one seed, by hand."""
+    from bench.learn_report import _over_seeds
+    assert _over_seeds(-0.099, 0.023, 2) == "-0.099 ± 0.023 (SE over 2 seeds; 4.3 SE: separated)"
+    assert _over_seeds(-0.115, 0.061, 5) == "-0.115 ± 0.061 (SE over 5 seeds; 1.9 SE: not separated)"
+    assert _over_seeds(0.04, 0.02, 3).endswith("2.0 SE: separated)")  # the threshold is inclusive
+    assert _over_seeds(0.0, 0.0, 3).endswith("0.0 SE: not separated)")  # equal seeds: no order
+    assert _over_seeds(0.011, float("nan"), 1) == "+0.011 (1 seed: no SE yet)"
