@@ -263,7 +263,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     return table
 
 
-SEPARATED = 2.0  # |mean| / SE over seeds at which the report calls two rows' order separated (docs/results.md)
+SEPARATED = 2.0  # |mean| / SE over seeds from which the report calls an order of two rows separated
 
 
 def _over_seeds(mean: float, se: float, seeds: int) -> str:
