@@ -129,9 +129,45 @@ def markdown(rows: list[dict], k: int) -> str:
     lines = ["| run | seeds | " + " | ".join(labels.get(c, c.split("/")[-1]) for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for r in rows:
-        cells = [f"{r[c][0]:.3f} ± {r[c][1]:.3f}" if c in r and not np.isnan(r[c][1]) else
-                 (f"{r[c][0]:.3f}" if c in r else "-") for c in cols]
+        lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(_pm(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _pm(mean_se: tuple[float, float] | None, sign: str = "", seeds: int = 0) -> str:
+    """A table cell: mean ± SE, the mean alone where there is no SE (one run), "-" where there is no value;
+    with `seeds`, how many SE from 0 the mean is."""
+    if mean_se is None:
+        return "-"
+    mean, se = mean_se
+    if np.isnan(se):
+        return f"{mean:{sign}.3f}"
+    return f"{mean:{sign}.3f} ± {se:.3f}" + (f" ({abs(mean) / se:.1f} SE)" if seeds and se > 0 else "")
+
+
+def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, dict], k: int) -> str:
+    """The dose-response table: each RL row's Avg@k and Pass@k (mean ± SE over seeds), its difference from
+    GRPO paired by seed (how many SE) and by task, how hard its SD term pushed (SD / GRPO gradient share),
+    how sharp it was (KL per distilled turn) and how often the student sampled the candidate; then each
+    other pair (SMRC − FullPath at equal λ and α) the same way."""
+    cols = [f"avg@{k}", f"pass@{k}", "sd/grpo", "kl_per_turn", "cand_share"]
+    lines = [f"| row | seeds | Avg@{k} | Pass@{k} | − GRPO, by seed | − GRPO, by task | SD/GRPO grad "
+             "| KL/turn | cand share |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows[1:]:  # rows[0] is the warm start
+        d = by_seed.get(f"{r['name']} − grpo")
+        cells = [_pm(r.get(c)) for c in cols]
+        seed_cell = _pm(d["mean_se"], "+", d["seeds"]) if d else "-"
+        cells[2:2] = [seed_cell, _pm(by_task.get(f"{r['name']} − grpo"), "+")]
         lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cells) + " |")
+    lines.append(f"\n± is the SE over seeds (a row of one seed: Avg@{k}'s SE over the panel's tasks). "
+                 "Per run: SD/GRPO grad is the median over steps, KL/turn and cand share are pooled over "
+                 "the distilled turns (analysis.lambda_pilot.run_strength). By seed: (|mean| / SE).")
+    others = [name for name in by_seed if not name.endswith(" − grpo")]
+    if others:
+        lines += ["", "| pair | seeds | by seed | by task |", "|---|---|---|---|"]
+        for n in others:
+            d = by_seed[n]
+            lines.append(f"| {n} | {d['seeds']} | {_pm(d['mean_se'], '+', d['seeds'])} | "
+                         f"{_pm(by_task.get(n), '+')} |")
     return "\n".join(lines)
 
 
@@ -255,6 +291,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
         table += f"\n{name}, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     for name, d in by_seed.items():
         table += f"\n{name}, avg@{k}, paired by seed: {_over_seeds(*d['mean_se'], d['seeds'])}"
+    table += "\n\nThe dose-response, compactly:\n\n" + dose_table(table_rows, differences, by_seed, k)
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(table + "\n")
     plot_dose(dose_points(table_rows, seed_pairs), out / "strength.png")

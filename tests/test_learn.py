@@ -311,3 +311,21 @@ def test_a_by_seed_difference_says_whether_it_separates_the_rows():
     assert _over_seeds(0.04, 0.02, 3).endswith("2.0 SE: separated)")  # the threshold is inclusive
     assert _over_seeds(0.0, 0.0, 3).endswith("0.0 SE: not separated)")  # equal seeds: no order
     assert _over_seeds(0.011, float("nan"), 1) == "+0.011 (1 seed: no SE yet)"
+
+
+def test_the_dose_table_puts_each_rows_difference_from_grpo_beside_its_strength():
+    """One line per RL row: Avg@k, Pass@k, − GRPO by seed (with how many SE) and by task, the SD term's share,
+    KL per turn and candidate share; the other pairs below it, by hand."""
+    from bench.learn_report import dose_table
+    rows = [{"name": "warm start"}, {"name": "grpo", "n": 2, "avg@4": (0.24, 0.02), "pass@4": (0.5, 0.05)},
+            {"name": "smrc-sd-lam0.03", "n": 2, "avg@4": (0.23, 0.01), "pass@4": (0.48, float("nan")),
+             "sd/grpo": (0.118, 0.011), "kl_per_turn": (3.17, 0.04), "cand_share": (0.49, 0.001)}]
+    by_task = {"smrc-sd-lam0.03 − grpo": (-0.01, 0.014),
+               "smrc-sd-lam0.03 − fullpath-sd-lam0.03": (0.05, 0.02)}
+    by_seed = {"smrc-sd-lam0.03 − grpo": {"mean_se": (-0.01, 0.004), "seeds": 2},
+               "smrc-sd-lam0.03 − fullpath-sd-lam0.03": {"mean_se": (0.05, float("nan")), "seeds": 1}}
+    lines = dose_table(rows, by_task, by_seed, 4).splitlines()
+    assert lines[2] == "| grpo | 2 | 0.240 ± 0.020 | 0.500 ± 0.050 | - | - | - | - | - |"
+    assert lines[3] == ("| smrc-sd-lam0.03 | 2 | 0.230 ± 0.010 | 0.480 | -0.010 ± 0.004 (2.5 SE) "
+                        "| -0.010 ± 0.014 | 0.118 ± 0.011 | 3.170 ± 0.040 | 0.490 ± 0.001 |")
+    assert lines[-1] == "| smrc-sd-lam0.03 − fullpath-sd-lam0.03 | 1 | +0.050 | +0.050 ± 0.020 |"
