@@ -124,7 +124,8 @@ def parse_row(spec: str) -> Row:
 
 def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     """The differences a table reports: every row against GRPO, and SMRC-SD against FullPath-SD at the same
-    (λ, α) (routing, at equal strength and sharpness)."""
+    (λ, α): the same teacher, not the same strength (FullPath-SD distils more turns, so at one λ it pushes
+    harder; its SD / GRPO gradient share says how much: --compare names a pair at equal strength)."""
     out = [(r, g) for g in rows if g.algo == "grpo" for r in rows if r.algo != "grpo"]
     return out + [(r, f) for r in rows if r.algo == "smrc-sd" for f in rows
                   if f.algo == "fullpath-sd" and (f.sd_coef, f.oracle) == (r.sd_coef, r.oracle)]
@@ -160,6 +161,9 @@ class LearnArgs:
     tasks a step drew"""
     val_games: int = 48
     """games of the in-loop validation panel (smrc.py --eval-tasks)"""
+    compare: tuple[str, ...] = ()
+    """more differences to report, each `A:B` (row A − row B, paired by seed and by task; both in --rows),
+    e.g. routing at equal strength: oracle-smrc-sd-a0.5-lam0.2:oracle-fullpath-sd-a0.5-lam0.1"""
     out: str = "runs/learn"
     """where runs, evaluations and the results go"""
     report_only: bool = False
@@ -181,6 +185,11 @@ def check_args(args: LearnArgs) -> list[Row]:
     if any(s < 0 for s in args.seeds) or len(set(args.seeds)) < len(args.seeds) or not args.seeds:
         raise SystemExit(f"error: --seeds {' '.join(map(str, args.seeds)) or '(none)'} is not allowed; "
                          "allowed: one or more distinct integers >= 0")
+    names = {r.name for r in rows}
+    for spec in args.compare:
+        if len(spec.split(":")) != 2 or not set(spec.split(":")) <= names or len(set(spec.split(":"))) < 2:
+            raise SystemExit(f"error: --compare {spec} is not allowed; allowed: A:B, two different rows of "
+                             "--rows")
     check_rules(args, [(name, int_at_least(low)) for name, low in (
         ("steps", 1), ("save_every", 1), ("tasks_per_step", 1), ("group_size", 2), ("train_games", 1),
         ("eval_games", 1), ("k", 1), ("eval_every", 0), ("val_games", 1), ("workers", 1))])
@@ -317,6 +326,7 @@ def main(args: LearnArgs) -> None:
         print(f"[learn] warm start {args.model}: weights sha256 {sha[:12]}; {args.workers} runs at once x "
               f"{threads} torch threads on {usable_cores()} cores", flush=True)
     results: dict[str, list] = {}
+    differences = [(a.name, b.name) for a, b in pairs(rows)] + [tuple(c.split(":")) for c in args.compare]
 
     def train_and_evaluate(job: tuple) -> tuple[Path, dict]:
         run = _run_dir(args, *job)  # a finished run needs only its metrics and evaluation,
@@ -338,8 +348,7 @@ def main(args: LearnArgs) -> None:
             results.setdefault(row.name, []).append((run, metrics))
             wall = None if args.report_only else time.perf_counter() - t0  # a report runs nothing:
                                                                            # no wall time
-            table = summarize(Path(args.out), args.k, [(a.name, b.name) for a, b in pairs(rows)], vars(args),
-                              before, results, wall, greedy)
+            table = summarize(Path(args.out), args.k, differences, vars(args), before, results, wall, greedy)
     print(table)
     print(f"[learn] wrote {args.out}/results.json, results.md, curves.png, strength.png "
           f"in {time.perf_counter() - t0:.0f}s")

@@ -162,12 +162,13 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
                  "Per run: SD/GRPO grad is the median over steps, KL/turn and cand share are pooled over "
                  "the distilled turns (analysis.lambda_pilot.run_strength). By seed: (|mean| / SE).")
     others = [name for name in by_seed if not name.endswith(" − grpo")]
-    if others:
-        lines += ["", "| pair | seeds | by seed | by task |", "|---|---|---|---|"]
+    share = {r["name"]: _pm(r.get("sd/grpo")) for r in rows}
+    if others:  # SMRC − FullPath at equal (λ, α), then the --compare pairs; their strengths side by side
+        lines += ["", "| pair | seeds | by seed | by task | SD/GRPO grad, a / b |", "|---|---|---|---|---|"]
         for n in others:
-            d = by_seed[n]
+            d, (a, b) = by_seed[n], n.split(" − ")
             lines.append(f"| {n} | {d['seeds']} | {_pm(d['mean_se'], '+', d['seeds'])} | "
-                         f"{_pm(by_task.get(n), '+')} |")
+                         f"{_pm(by_task.get(n), '+')} | {share.get(a, '-')} / {share.get(b, '-')} |")
     return "\n".join(lines)
 
 

@@ -96,6 +96,9 @@ def test_strength_per_run_by_hand():
     (dict(rows=("grpo-lam0.2",)), "--rows grpo-lam0.2"),
     (dict(rows=("smrc-sd", "smrc-sd-lam0.2")), "--rows smrc-sd smrc-sd-lam0.2"),
     (dict(rows=()), "--rows (none)"),
+    (dict(compare=("grpo:smrc-sd-lam0.1",)), "--compare grpo:smrc-sd-lam0.1"),  # a row not in --rows
+    (dict(compare=("grpo-smrc-sd",)), "--compare grpo-smrc-sd"),
+    (dict(compare=("grpo:grpo",)), "--compare grpo:grpo"),
     (dict(group_size=1), "--group-size 1"), (dict(eval_every=-1), "--eval-every -1")])
 def test_bad_flags_are_one_error_line_before_anything_runs(tmp_path, monkeypatch, change, flag):
     """A sweep with a bad flag stops before the warm start's build (minutes) and writes nothing."""
@@ -328,4 +331,5 @@ def test_the_dose_table_puts_each_rows_difference_from_grpo_beside_its_strength(
     assert lines[2] == "| grpo | 2 | 0.240 ± 0.020 | 0.500 ± 0.050 | - | - | - | - | - |"
     assert lines[3] == ("| smrc-sd-lam0.03 | 2 | 0.230 ± 0.010 | 0.480 | -0.010 ± 0.004 (2.5 SE) "
                         "| -0.010 ± 0.014 | 0.118 ± 0.011 | 3.170 ± 0.040 | 0.490 ± 0.001 |")
-    assert lines[-1] == "| smrc-sd-lam0.03 − fullpath-sd-lam0.03 | 1 | +0.050 | +0.050 ± 0.020 |"
+    assert lines[-1] == ("| smrc-sd-lam0.03 − fullpath-sd-lam0.03 | 1 | +0.050 | +0.050 ± 0.020 "
+                         "| 0.118 ± 0.011 / - |")  # the pair's strengths side by side (b has no run)
