@@ -16,4 +16,5 @@ cd /work/main
 .venv/bin/python bench/learn.py --model bench/results/learn_sweep_v21/warm_start --out bench/results/learn_sweep_v21 --report-only \
   --seeds 0 1 2 3 4 --rows grpo smrc-sd-lam0.2 smrc-sd-lam0.03 oracle-smrc-sd-a0.99-lam0.2 \
   oracle-fullpath-sd-a0.99-lam0.2 oracle-smrc-sd-a0.5-lam1 oracle-smrc-sd-a0.5-lam0.2 \
-  oracle-fullpath-sd-a0.5-lam0.2 fullpath-sd-lam0.2 | tail -12
+  oracle-fullpath-sd-a0.5-lam0.2 fullpath-sd-lam0.2 oracle-fullpath-sd-a0.5-lam0.1 \
+  --compare oracle-smrc-sd-a0.5-lam0.2:oracle-fullpath-sd-a0.5-lam0.1 | tail -12
