@@ -160,7 +160,8 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
         lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cells) + " |")
     lines.append(f"\n± is the SE over seeds (a row of one seed: Avg@{k}'s SE over the panel's tasks). "
                  "Per run: SD/GRPO grad is the median over steps, KL/turn and cand share are pooled over "
-                 "the distilled turns (analysis.lambda_pilot.run_strength). By seed: (|mean| / SE).")
+                 "the distilled turns (analysis.lambda_pilot.run_strength). By seed: (|mean| / SE). A pair's "
+                 "SD/GRPO grad: each row's own, over all its seeds.")
     others = [name for name in by_seed if not name.endswith(" − grpo")]
     share = {r["name"]: _pm(r.get("sd/grpo")) for r in rows}
     if others:  # SMRC − FullPath at equal (λ, α), then the --compare pairs; their strengths side by side
