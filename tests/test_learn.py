@@ -23,7 +23,7 @@ SMOKE = ["--model", "tiny-agent-quick", "--steps", "2", "--seeds", "0",
          "--rows", "grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3", "--eval-every", "2",
          "--val-games", "2",
          "--train-games", "6", "--eval-games", "2", "--k", "2", "--tasks-per-step", "2", "--group-size", "2",
-         "--workers", "2"]
+         "--workers", "2", "--compare", "oracle-smrc-sd-a0.5-lam0.3:smrc-sd-lam0.3"]
 
 
 def test_a_row_name_gives_its_algorithm_lambda_and_alpha():
@@ -165,8 +165,9 @@ def test_learn_runs_end_to_end_and_resumes(tmp_path):
     assert all(r["train_min"][0] > 0 and r["eval_min"][0] > 0 for r in res["rows"][1:])  # wall time per run
     _check_gains_by_hand(tmp_path, res)
     assert set(res["paired_gain_avg@k"]) == {"grpo", "smrc-sd-lam0.3", "oracle-smrc-sd-a0.5-lam0.3"}
-    assert set(res["paired_difference_avg@k"]) == {"smrc-sd-lam0.3 − grpo",
-                                                   "oracle-smrc-sd-a0.5-lam0.3 − grpo"}
+    assert set(res["paired_difference_avg@k"]) == {  # every row against GRPO, and the --compare pair
+        "smrc-sd-lam0.3 − grpo", "oracle-smrc-sd-a0.5-lam0.3 − grpo",
+        "oracle-smrc-sd-a0.5-lam0.3 − smrc-sd-lam0.3"}
     assert res["seed_paired_difference_avg@k"]["smrc-sd-lam0.3 − grpo"]["seeds"] == 1  # one seed: no SE
     assert res["warm_start_greedy"]["games"] == 2 and 0.0 <= res["warm_start_greedy"]["success"] <= 1.0
     assert json.loads((tmp_path / "eval" / "warm-start-greedy.json").read_text())["temperature"] == 0
