@@ -1,6 +1,7 @@
 """The report of bench/learn.py: each row's numbers from its runs' metrics.jsonl and evaluations, the
 differences between rows (paired by task and by seed), and results.json / results.md / curves.png."""
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,13 @@ def _pm(mean_se: tuple[float, float] | None, sign: str = "", seeds: int = 0) -> 
     mean, se = mean_se
     if np.isnan(se):
         return f"{mean:{sign}.3f}"
-    return f"{mean:{sign}.3f} ± {se:.3f}" + (f" ({abs(mean) / se:.1f} SE)" if seeds and se > 0 else "")
+    z = f" ({_floor1(abs(mean) / se):.1f} SE)" if seeds and se > 0 else ""
+    return f"{mean:{sign}.3f} ± {se:.3f}{z}"
+
+
+def _floor1(z: float) -> float:
+    """z rounded down to one decimal: a printed 2.0 SE is never a 1.97 the verdict calls not separated."""
+    return math.floor(z * 10 + 1e-9) / 10
 
 
 def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, dict], k: int) -> str:
@@ -312,4 +319,4 @@ def _over_seeds(mean: float, se: float, seeds: int) -> str:
         return f"{mean:+.3f} (1 seed: no SE yet)"
     z = abs(mean) / se if se > 0 else (float("inf") if mean else 0.0)
     verdict = "separated" if z >= SEPARATED else "not separated"
-    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds; {z:.1f} SE: {verdict})"
+    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds; {_floor1(z):.1f} SE: {verdict})"

@@ -311,7 +311,8 @@ def test_a_by_seed_difference_says_whether_it_separates_the_rows():
     (and no verdict) from one seed, by hand."""
     from bench.learn_report import _over_seeds
     assert _over_seeds(-0.099, 0.023, 2) == "-0.099 ± 0.023 (SE over 2 seeds; 4.3 SE: separated)"
-    assert _over_seeds(-0.115, 0.061, 5) == "-0.115 ± 0.061 (SE over 5 seeds; 1.9 SE: not separated)"
+    assert _over_seeds(-0.115, 0.061, 5) == "-0.115 ± 0.061 (SE over 5 seeds; 1.8 SE: not separated)"  # 1.885
+    assert _over_seeds(-0.067, 0.034, 3).endswith("1.9 SE: not separated)")  # 1.97: rounded down, not to 2.0
     assert _over_seeds(0.04, 0.02, 3).endswith("2.0 SE: separated)")  # the threshold is inclusive
     assert _over_seeds(0.0, 0.0, 3).endswith("0.0 SE: not separated)")  # equal seeds: no order
     assert _over_seeds(0.011, float("nan"), 1) == "+0.011 (1 seed: no SE yet)"
