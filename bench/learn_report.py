@@ -142,8 +142,16 @@ def _pm(mean_se: tuple[float, float] | None, sign: str = "", seeds: int = 0) -> 
     mean, se = mean_se
     if np.isnan(se):
         return f"{mean:{sign}.3f}"
-    z = f" ({_floor1(abs(mean) / se):.1f} SE)" if seeds and se > 0 else ""
+    z = f" ({_separation(mean, se)[0]})" if seeds else ""
     return f"{mean:{sign}.3f} ± {se:.3f}{z}"
+
+
+def _separation(mean: float, se: float) -> tuple[str, bool]:
+    """How many SE from 0 a difference over seeds is, as printed, and whether that separates the two rows
+    (>= SEPARATED). Seeds that all differ by the same non-zero amount (SE 0) separate them: "∞ SE"."""
+    if se > 0:
+        return f"{_floor1(abs(mean) / se):.1f} SE", abs(mean) / se >= SEPARATED
+    return ("∞ SE", True) if mean else ("0.0 SE", False)
 
 
 def _floor1(z: float) -> float:
@@ -317,6 +325,5 @@ def _over_seeds(mean: float, se: float, seeds: int) -> str:
     where one seed gives no SE (not a NaN in the table)."""
     if seeds < 2:
         return f"{mean:+.3f} (1 seed: no SE yet)"
-    z = abs(mean) / se if se > 0 else (float("inf") if mean else 0.0)
-    verdict = "separated" if z >= SEPARATED else "not separated"
-    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds; {_floor1(z):.1f} SE: {verdict})"
+    z, separated = _separation(mean, se)
+    return f"{mean:+.3f} ± {se:.3f} (SE over {seeds} seeds; {z}: {'' if separated else 'not '}separated)"

@@ -309,13 +309,15 @@ def test_dose_points_pair_each_sd_row_with_its_difference_from_grpo(tmp_path):
 def test_a_by_seed_difference_says_whether_it_separates_the_rows():
     """The report's verdict on an ordering: separated at >= 2 SE over seeds, "not separated" below, no SE
     (and no verdict) from one seed, by hand."""
-    from bench.learn_report import _over_seeds
+    from bench.learn_report import _over_seeds, _pm
     assert _over_seeds(-0.099, 0.023, 2) == "-0.099 ± 0.023 (SE over 2 seeds; 4.3 SE: separated)"
     assert _over_seeds(-0.115, 0.061, 5) == "-0.115 ± 0.061 (SE over 5 seeds; 1.8 SE: not separated)"  # 1.885
     assert _over_seeds(-0.067, 0.034, 3).endswith("1.9 SE: not separated)")  # 1.97: rounded down, not to 2.0
     assert _over_seeds(0.04, 0.02, 3).endswith("2.0 SE: separated)")  # the threshold is inclusive
     assert _over_seeds(0.0, 0.0, 3).endswith("0.0 SE: not separated)")  # equal seeds: no order
     assert _over_seeds(0.011, float("nan"), 1) == "+0.011 (1 seed: no SE yet)"
+    assert _over_seeds(-0.05, 0.0, 2).endswith("∞ SE: separated)")  # all seeds one gap: no overflow
+    assert _pm((-0.05, 0.0), "+", 2) == "-0.050 ± 0.000 (∞ SE)"  # the dose table's cell says the same
 
 
 def test_the_dose_table_puts_each_rows_difference_from_grpo_beside_its_strength():
