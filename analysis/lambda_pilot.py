@@ -43,7 +43,7 @@ def run_strength(rows: list[dict]) -> tuple[float, float, float]:
     all-win; NaN: no measurement), KL(student ‖ teacher) summed over a distilled turn's tokens averaged over
     the run's distilled turns, and the share of matched turns with a candidate whose sampled action is the
     candidate. NaN where the run has no such step or turn."""
-    ratios = _finite_ratios(rows)
+    ratios = finite_ratios(rows)
     turns = sum(m.get("sd/distilled_turns", 0) for m in rows)
     gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in rows
               if m.get("sd/distilled_tokens"))
@@ -66,7 +66,7 @@ def _candidate_counts(m: dict) -> tuple[float, float]:
     return n, share * n
 
 
-def _finite_ratios(rows: list[dict]) -> list[float]:
+def finite_ratios(rows: list[dict]) -> list[float]:
     """actor/sd_grpo_grad_ratio of the steps that distilled a turn, where it is finite."""
     ratios = [(m.get("actor/sd_grpo_grad_ratio"), m.get("sd/distilled_turns")) for m in rows]
     return [r for r, turns in ratios if turns and r is not None and math.isfinite(r)]
@@ -98,7 +98,7 @@ def measure(run_dir: Path) -> Pilot:
                          "a pilot needs λ > 0 (an SD term)")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     rows = [m for m in rows if "actor/sd_grpo_grad_ratio" in m]  # training rows (not the validation ones)
-    unit = [r / sd_coef for r in _finite_ratios(rows)]
+    unit = [r / sd_coef for r in finite_ratios(rows)]
     ratio, kl, share = run_strength(rows)
     q = (float(np.quantile(unit, 0.25)), float(np.quantile(unit, 0.75))) if unit else (math.nan, math.nan)
     return Pilot(sd_coef=sd_coef, steps=len(rows), measured=len(unit), ratio=ratio,

@@ -337,3 +337,34 @@ def test_the_dose_table_puts_each_rows_difference_from_grpo_beside_its_strength(
                         "| -0.010 ± 0.014 | 0.118 ± 0.011 | 3.170 ± 0.040 | 0.490 ± 0.001 |")
     assert lines[-1] == ("| smrc-sd-lam0.03 − fullpath-sd-lam0.03 | 1 | +0.050 | +0.050 ± 0.020 "
                          "| 0.118 ± 0.011 / - |")  # the pair's strengths side by side (b has no run)
+
+
+def test_the_report_checks_the_pilots_premises_on_the_sweeps_runs(tmp_path):
+    """pilot_agreement: a run's median SD / GRPO share over all its steps / over its first K steps (steps with
+    no distilled turn, an inf ratio or validation rows read nothing); share_per_unit_lambda: share / λ of rows
+    alike but for λ, a row with no λ sibling left out; by hand."""
+    from bench.learn_report import pilot_agreement, pilot_text, share_per_unit_lambda
+
+    def run(name, ratios):  # None: a step with no distilled turn
+        rows = [{"step": i, "actor/sd_grpo_grad_ratio": math.nan if r is None else r,
+                 "sd/distilled_turns": 0 if r is None else 3} for i, r in enumerate(ratios)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in rows + [
+            {"step": len(rows), "val/success_rate": 0.2}]))
+        return tmp_path / name
+
+    a = run("a-seed0", [1.0, math.inf, 1.0, 1.0, 1.0] + [4.0] * 7)  # all: median 4; first 5: 1; first 10: 4
+    b = run("b-seed0", [None] + [0.5] * 5)  # 1 at any K
+    c = run("c-seed0", [None] * 4)  # nothing measured: left out
+    agreement = pilot_agreement([a, b, c], steps=(5, 10))
+    assert agreement[5] == {"runs": 2, "median": 2.5, "q10": pytest.approx(1.3), "q90": pytest.approx(3.7),
+                            "within_1.5x": 1}
+    assert agreement[10] == {"runs": 2, "median": 1.0, "q10": 1.0, "q90": 1.0, "within_1.5x": 2}
+    rows = [{"name": "grpo"}, {"name": "smrc-sd-lam0.2", "sd/grpo": (0.8, 0.1)},
+            {"name": "smrc-sd-lam0.03", "sd/grpo": (0.12, 0.006)},
+            {"name": "oracle-smrc-sd-a0.5-lam1", "sd/grpo": (0.6, 0.02)}]
+    units = share_per_unit_lambda(rows)
+    assert units == {"smrc-sd": {"0.2": pytest.approx((4.0, 0.5)), "0.03": pytest.approx((4.0, 0.2))}}
+    text = pilot_text(agreement, units)
+    assert "- smrc-sd: 4.000 ± 0.500 at λ 0.2, 4.000 ± 0.200 at λ 0.03" in text
+    assert "- K = 5: median 2.50 (10–90%: 1.30–3.70) over 2 runs; within 1.5× in 1 of 2" in text
