@@ -15,9 +15,9 @@ teacher is (KL(student ‖ teacher) per distilled turn) and how often the studen
 matched candidate. The default target and the evidence for it: README, "Setting λ".
 
     python analysis/lambda_pilot.py RUN_DIR       # read a run's metrics.jsonl (even while it runs)
-    python analysis/lambda_pilot.py --steps 5 --out runs/pilot -- --env alfworld --model Qwen/Qwen3-1.7B \\
+    python analysis/lambda_pilot.py --out runs/pilot -- --env alfworld --model Qwen/Qwen3-1.7B \\
         --algo smrc-sd                                         # run the pilot with smrc.py, then read it
-    python analysis/lambda_pilot.py --steps 5 --launcher "torchrun --nproc_per_node 8" -- ...
+    python analysis/lambda_pilot.py --launcher "torchrun --nproc_per_node 8" -- ...
 
 Writes RUN_DIR/lambda_pilot.json with the numbers it prints.
 """
@@ -34,6 +34,8 @@ import numpy as np
 
 TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Setting λ"
 PILOT_SD_COEF = 0.01
+PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.88–1.22 (10–90%) over the v21 sweep's runs,
+                  # 0.87–1.63 from 5 steps (docs/results.md, "Setting λ: the evidence")
 PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume")
 
 
@@ -153,7 +155,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("run_dir", nargs="?", help="a smrc.py run folder to read (without: run a pilot first)")
     ap.add_argument("--target", type=float, default=TARGET_RATIO,
                     help=f"the SD / GRPO gradient-norm ratio to aim at (default: {TARGET_RATIO})")
-    ap.add_argument("--steps", type=int, default=5, help="pilot steps (default: 5)")
+    ap.add_argument("--steps", type=int, default=PILOT_STEPS, help=f"pilot steps (default: {PILOT_STEPS})")
     ap.add_argument("--out", default="runs/lambda_pilot", help="the pilot's run folder")
     ap.add_argument("--launcher", default=f"{shlex.quote(sys.executable)}",
                     help='how to start smrc.py, e.g. "torchrun --nproc_per_node 8" (default: this python)')
