@@ -34,8 +34,8 @@ import numpy as np
 
 TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Setting λ"
 PILOT_SD_COEF = 0.01
-PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.88–1.22 (10–90%) over the v21 sweep's runs,
-                  # 0.87–1.63 from 5 steps (docs/results.md, "Setting λ: the evidence")
+PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.89–1.25 (10–90%) over the v21 sweep's runs,
+                  # 0.86–1.77 from 5 steps (docs/results.md, "Setting λ: the evidence")
 PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume")
 
 
