@@ -188,10 +188,10 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
     return "\n".join(lines)
 
 
-PILOT_STEPS = (5, 10)  # the pilot lengths whose reading of a run's strength the report checks
+PILOT_LENGTHS = (5, 10)  # the pilot lengths (steps) whose reading of a run's strength the report checks
 
 
-def pilot_agreement(runs: list[Path], steps: tuple[int, ...] = PILOT_STEPS) -> dict[int, dict]:
+def pilot_agreement(runs: list[Path], steps: tuple[int, ...] = PILOT_LENGTHS) -> dict[int, dict]:
     """How far a short pilot's reading of the SD term's strength (analysis/lambda_pilot.py) is from what a
     whole run measured: per run with an SD term, the median SD / GRPO gradient share over all its steps over
     the median over its first K steps, then their median, 10% and 90% quantiles and how many are within 1.5×.
@@ -232,6 +232,7 @@ def pilot_text(agreement: dict[int, dict], units: dict[str, dict[str, tuple[floa
         lines.append(f"- K = {k}: median {a['median']:.2f} (10–90%: {a['q10']:.2f}–{a['q90']:.2f}) over "
                      f"{a['runs']} runs; within 1.5× in {a['within_1.5x']} of {a['runs']}")
     return "\n".join(lines)
+
 
 SMOOTH = 5  # steps in the training curve's moving average (which tasks a step drew moves the raw curve a lot)
 
