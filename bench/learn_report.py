@@ -200,8 +200,8 @@ def pilot_agreement(runs: list[Path], steps: tuple[int, ...] = PILOT_LENGTHS) ->
     training = [[m for m in _metrics(r) if "actor/sd_grpo_grad_ratio" in m] for r in runs]
     out = {}
     for k in steps:
-        ratios = [float(np.median(finite_ratios(rows)) / np.median(finite_ratios(rows[:k])))
-                  for rows in training if finite_ratios(rows[:k])]
+        heads = [(rows, finite_ratios(rows[:k])) for rows in training]
+        ratios = [float(np.median(finite_ratios(rows)) / np.median(head)) for rows, head in heads if head]
         if ratios:
             q10, q50, q90 = np.quantile(ratios, [0.1, 0.5, 0.9])
             out[k] = {"runs": len(ratios), "median": float(q50), "q10": float(q10), "q90": float(q90),
