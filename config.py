@@ -5,7 +5,7 @@ banner and written to the `resolved` block of config.json). Only the entry point
 the whole Config.
 
 λ (`resolve`): --grpo.sd-coef when given; else the preset's λ (PRESET_SD_COEF) for the reverse-kl forms
-(FullPath-SD, SMRC-SD); else the form's anchor value (grpo.SD_COEF). A preset's λ is a choice for the
+(FullPath-SD, SMRC-SD); else the form's default (grpo.SD_COEF). A preset's λ is a choice for the
 reverse-KL methods on its scale: the skill-text forms (skill-sd, sdar, grpo-opsd) keep their anchors' λ under
 every preset.
 """

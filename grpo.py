@@ -33,7 +33,8 @@ import torch
 
 from models import collate, micro_batches, token_logprobs
 
-SD_COEF = {"reverse-kl": 1.0, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.01}  # λ of each form (anchors)
+# λ of each form when no preset sets one: the anchors; reverse-kl 0.01 (1.0 before; docs/results.md)
+SD_COEF = {"reverse-kl": 0.01, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.01}
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large
@@ -59,8 +60,9 @@ class GRPOConfig:
     """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
     sd_coef: float | None = None
     """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.2: config.PRESET_SD_COEF),
-    else the form's anchor value: reverse-kl 1.0 (verl OPD 1.0-1.5, tinker OPD 1.0), skill-sd 0.001, sdar and
-    grpo-opsd 0.01. To set it for a model: `python analysis/lambda_pilot.py` (README, "Setting λ")"""
+    else the form's default (SD_COEF): skill-sd 0.001, sdar and grpo-opsd 0.01 (their anchors); reverse-kl
+    0.01 (1.0 before, tinker OPD's; 0.01 is where the anchors that add self-distillation to GRPO sit:
+    docs/results.md). To set it for a model: `python analysis/lambda_pilot.py` (README, "Setting λ")"""
     sd_gate_beta: float = 5.0
     """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
     sd_norm: Literal["all", "distilled"] = "all"

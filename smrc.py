@@ -268,8 +268,8 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
                   f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
                   f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
     if cfg.algo != "grpo" and cfg.preset == "none" and cfg.grpo.sd_coef == grpo.SD_COEF[cfg.grpo.sd_loss]:
-        print0(world, f"[smrc] lambda {cfg.grpo.sd_coef:g} is {cfg.grpo.sd_loss}'s anchor value, not set for "
-                      "this model: `python analysis/lambda_pilot.py` measures one (README, 'Setting λ')")
+        print0(world, f"[smrc] lambda {cfg.grpo.sd_coef:g} = {cfg.grpo.sd_loss}'s default; to set it for "
+                      "this model: `python analysis/lambda_pilot.py` (README, 'Setting λ')")
     run.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
     run.saved = (run.start, 0.0)
     try:

@@ -299,24 +299,25 @@ def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, x, y, se, n in points:
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, (name, x, y, se, n) in enumerate(points, 1):  # a number by each point, its name in the key
         style = dict(marker="s" if name.startswith("oracle-") else "o",
                      color="tab:blue" if "smrc" in name else "tab:orange")
-        ax.errorbar([x], [y], yerr=[0 if np.isnan(se) else se], capsize=3, **style)
-        ax.annotate(f"{name} ({n} seed{'s' * (n > 1)})", (x, y), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+        ax.errorbar([x], [y], yerr=[0 if np.isnan(se) else se], capsize=3,
+                    label=f"{i}  {name} ({n} seed{'s' * (n > 1)})", **style)
+        ax.annotate(str(i), (x, y), fontsize=8, xytext=(4, 3), textcoords="offset points")
     ax.axhline(0, color="grey", lw=1)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     shares = [x for _, x, *_ in points]
-    ax.set_xlim(min(shares) / 1.6, max(shares) * 3)  # room on the right for the last point's label
+    ax.set_xlim(min(shares) / 1.6, max(shares) * 1.6)
     ax.margins(y=0.15)
     ax.set_xlabel("SD / GRPO gradient share (median per run, mean over seeds)")
     ax.set_ylabel("Avg@k − GRPO, paired by seed")
     ax.set_title("SMRC (blue) / FullPath (orange); model teacher (o), oracle (s)", fontsize=9)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
