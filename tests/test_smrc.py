@@ -218,7 +218,7 @@ def test_lambda_applied_after_algo_preset_and_flag():
             ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
     lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).grpo.sd_coef
            for preset, algo, *flags in runs]
-    assert lam == [0.2, 0.2, 0.01, 0.001, 1.0, 0.5, 0.01]
+    assert lam == [0.2, 0.2, 0.01, 0.001, 0.01, 0.5, 0.01]  # none: reverse-kl default 0.01 (1.0 before)
 
 
 def _distils_every_turn(rows: list[dict]) -> None:
