@@ -229,7 +229,7 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
             term_grads = {} if (epoch, m) == (0, measured) else None
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            for chunk in _micro_batch_passes(model, mb, cfg, world, pad_id, temperature, autocast):
+            for chunk in _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast):
                 batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
                 batch = batch.to(device)
                 mask = batch.response_mask.float()                                              # (B, R)
@@ -280,12 +280,12 @@ def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float
     return max(n_tokens, 1.0) / world.world_size, sd_scale
 
 
-def _micro_batch_passes(model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int, temperature: float,
-                        autocast):
+def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int,
+                        temperature: float, autocast):
     """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
     each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
-    many passes (DDP syncs on the last, FSDP gathers parameters on each): a rank with fewer micro-batches
-    runs zero-loss passes of one pad token instead."""
+    many passes (DDP syncs on the last, FSDP gathers parameters on each, the policy's and the sharded
+    reference's): a rank with fewer micro-batches runs zero-loss passes of one pad token instead."""
     chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
     n_passes = world.all_max(len(chunks))
     for c in range(n_passes):
@@ -297,6 +297,7 @@ def _micro_batch_passes(model, mb: list[Sample], cfg: GRPOConfig, world, pad_id:
             batch = collate([[pad_id]], [[pad_id]], pad_id).to(next(model.parameters()).device)
             with autocast:
                 logp, _ = token_logprobs(model, batch, temperature)
+                _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
             (logp.sum() * 0.0).backward()
 
 
@@ -397,8 +398,9 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
         optimizer.step()
         return 0
     optimizer.zero_grad(set_to_none=True)
-    if streak + 1 >= cfg.max_nonfinite_steps:
-        raise SystemExit(f"error: {streak + 1} optimizer steps in a row had a non-finite loss or gradient "
+    if streak + 1 >= cfg.max_nonfinite_steps:  # on every rank (the decision is shared); rank 0 says it
+        raise SystemExit(1 if not getattr(world, "is_main", True) else
+                         f"error: {streak + 1} optimizer steps in a row had a non-finite loss or gradient "
                          f"norm (last: loss {loss}, grad norm {grad_norm}); each was skipped, and the run "
                          f"stops here without saving (limit: --grpo.max-nonfinite-steps "
                          f"{cfg.max_nonfinite_steps})")

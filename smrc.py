@@ -128,8 +128,10 @@ def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
     temperature = cfg.rollout.sampling.temperature
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response], rollout engine
         return teacher.vllm_logprob_fn(run.engine, temperature)
-    return teacher.hf_logprob_fn(run.model, run.tokenizer.pad_token_id, cfg.teacher.micro_batch_tokens,
-                                 temperature, bf16=cfg.grpo.bf16)  # the update's precision
+    # the module under DDP: DDP's forward broadcasts buffers (a collective), and ranks score different numbers
+    # of matched turns, none on some steps (scale/distributed.py)
+    return teacher.hf_logprob_fn(distributed.unwrap(run.model), run.tokenizer.pad_token_id,
+                                 cfg.teacher.micro_batch_tokens, temperature, bf16=cfg.grpo.bf16)  # the update's
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -209,6 +211,8 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         if world.device.type == "cpu":  # the resident size then follows the live tensors (scale/memory.py)
             return_freed_memory()
     model = distributed.wrap(model, world, cfg.dist.strategy)
+    if ref_model is not None:
+        ref_model = distributed.wrap_frozen(ref_model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
     bank = router.ReferenceBank(cfg.router.archive_size)
     guards = {"nonfinite_streak": 0}
@@ -219,8 +223,11 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
             trim_logs(out, start)
     if cfg.rollout.engine == "vllm":  # colocated; started from the model dir, then synced
         engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
-                            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank)
+                            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank,
+                            torchrun=world.enabled)  # one engine per rank, on the rank's device
         engine.sync_weights(model)
+        print0(world, "[vllm] " + ", ".join(f"rank {r}: {where}" for r, where in
+                                            enumerate(world.gather(engine.placement()))))
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling,
                           cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
@@ -234,9 +241,14 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
 
 
 def main(cfg: Config) -> None:
-    validate_config(cfg)
-    tasks = check_inputs(cfg)
-    world = init_distributed(cfg.device)
+    with distributed.OneErrorLine(lambda: latest_checkpoint(Path(cfg.output_dir))) as once:
+        validate_config(cfg)
+        tasks = check_inputs(cfg)
+        world = once.world = init_distributed(cfg.device, cfg.dist.timeout_s)
+        run_locked(cfg, world, tasks)
+
+
+def run_locked(cfg: Config, world: World, tasks: tuple[list, list]) -> None:
     # the folder is this run's alone (a lock) while it runs; the checkpoint to resume is verified before the
     # config is recorded: what --algo, the preset and the flags resolved to (the λ applied, ...) and the
     # initial weights' sha256 (an embedded model is built then, by rank 0)
@@ -244,7 +256,7 @@ def main(cfg: Config) -> None:
         with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as ckpt:
             seed_step(cfg.seed, 0, world.rank)
             # first: the workers fork before any model or engine exists; sized for this rank's episodes
-            episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size // world.world_size
+            episodes = -(-cfg.rollout.tasks_per_step // world.world_size) * cfg.rollout.group_size
             pool = EnvPool(cfg.env_cfg, episodes=episodes)
             try:
                 train(cfg, world, pool, tasks, ckpt)
@@ -293,7 +305,9 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
 def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) -> None:
     t_step = time.perf_counter()
     rng = seed_step(cfg.seed, step, world.rank)
+    at = lambda phase: world.at(f"step {step + 1}: {phase}")  # noqa: E731 (named if a collective times out)
     # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
+    at("rollout")
     tasks = step_tasks(cfg, run, world, step)
     for task in (tasks + step_tasks(cfg, run, world, step + 1)) if cfg.router.seed_with_planner else []:
         envs.prefetch_plan(cfg.env_cfg, task, [])  # planned in the background (step 3 waits less)
@@ -303,26 +317,26 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
                                                       cfg.env_cfg, tag=f"s{step}r{world.rank}",
                                                       show_progress=world.is_main)
     turns: list[Turn] = [t for e in episodes for t in e.turns]
-    if world.all_max(len(turns)) == 0 and counters["prompt_too_long"]:
-        raise SystemExit(f"error: --rollout.max-prompt-tokens {cfg.rollout.max_prompt_tokens} fits no "
-                         f"prompt: all {len(episodes)} episodes of step {step + 1} ended before their first "
-                         f"turn, so there is nothing to train on; raise it")
+    if world.all_max(len(turns)) == 0 and world.all_max(counters["prompt_too_long"]):  # every rank decides
+        raise SystemExit(1 if not world.is_main else  # rank 0 says it
+                         f"error: --rollout.max-prompt-tokens {cfg.rollout.max_prompt_tokens} fits no "
+                         f"prompt: all episodes of step {step + 1} ended before their first turn, so there is "
+                         f"nothing to train on; raise it")
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
-    new_refs = planner_references(cfg, run, tasks) if cfg.router.seed_with_planner else []
-    gathered = world.gather(([rollout.to_trajectory(e) for e in episodes], new_refs))
-    run.bank.add_group([t for trajs, _ in gathered for t in trajs])
-    for ref in (r for _, refs in gathered for r in refs):
-        run.bank.add_planner(ref)
+    at("reference bank")
+    add_references(cfg, world, run, tasks, episodes)
     # 4. route: which turns get distilled (turn.match); the archive also keeps the audited matchers' picks
     router.route(turns, run.bank, cfg.router, rng)
     audited = router.audited_matches(turns, run.bank, cfg.router) if cfg.archive_max_turns else {}
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
+    at("teacher")
     with run.memory.phase("teacher"):
         sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
                                            teacher_logprob_fn(cfg, run))
     # 6. GRPO advantages per task group (turn.advantage)
     set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
+    at("update")
     t_update = time.perf_counter()
     getattr(run.engine, "sleep", lambda: None)()
     with run.memory.phase("update"):
@@ -331,25 +345,47 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
                             world=world if world.enabled else None, nonfinite_streak=run.nonfinite)
     run.nonfinite = actor["actor/nonfinite_streak"]
     # 8. sync the rollout engine, archive the turns, log, checkpoint
+    at("weight sync")
     run.engine.sync_weights(run.model)
-    mem = run.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
-    local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-             "rows": archive_rows(step + 1, episodes, audited),
-             "route": router.route_metrics(turns, run.bank), "times": {
-                 "step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update,
-                 "peak_gpu_mem_gb": max(mem.values()) if world.device.type == "cuda" else 0.0}, "mem": mem,
-             "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
-             "env": pool.take_crashes()}  # env/worker_restarts, env/episodes_replayed
-    everyone = world.gather(local)
-    if world.is_main:
-        run.trackers.log(log_step(Path(cfg.output_dir), step + 1, cfg.steps, everyone, actor, run.bank,
-                                  cfg.archive_max_turns))
+    at("metrics")
+    times = {"step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update}
+    report(cfg, world, pool, run, step + 1, (episodes, counters, sd_counts, audited, times), actor)
     if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+        at("validation")
         row = validate(run.validation, run.engine, pool, run.tokenizer, step + 1, world)
         run.trackers.log(row)  # None on ranks > 0
         save_best(Path(cfg.output_dir), run.model, run.tokenizer, cfg, row, world)
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        at("checkpoint")
         save(cfg, world, run, step + 1)
+
+
+def add_references(cfg: Config, world: World, run: Setup, tasks: list[envs.Task],
+                   episodes: list[rollout.Episode]) -> None:
+    """Step 3: every rank's trajectories of the step (the group's successes) and new planner references
+    (--router.seed-with-planner) into the bank, which is then the same on every rank."""
+    new_refs = planner_references(cfg, run, tasks) if cfg.router.seed_with_planner else []
+    gathered = world.gather(([rollout.to_trajectory(e) for e in episodes], new_refs))
+    run.bank.add_group([t for trajs, _ in gathered for t in trajs])
+    for ref in (r for _, refs in gathered for r in refs):
+        run.bank.add_planner(ref)
+
+
+def report(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int, done: tuple, actor: dict) -> None:
+    """Step 8's record: every rank's numbers of the step (`done`: episodes, env counters, teacher counts,
+    audited matches, times) gathered; rank 0 writes the metrics row, the archive and the trackers."""
+    episodes, counters, sd_counts, audited, times = done
+    turns = [t for e in episodes for t in e.turns]
+    mem = run.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
+    local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
+             "rows": archive_rows(step, episodes, audited), "route": router.route_metrics(turns, run.bank),
+             "times": {**times, "peak_gpu_mem_gb": max(mem.values()) if world.device.type == "cuda" else 0.0},
+             "mem": mem, "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
+             "env": pool.take_crashes()}  # env/worker_restarts, env/episodes_replayed
+    everyone = world.gather(local)
+    if world.is_main:
+        run.trackers.log(log_step(Path(cfg.output_dir), step, cfg.steps, everyone, actor, run.bank,
+                                  cfg.archive_max_turns))
 
 
 def save(cfg: Config, world: World, run: Setup, step: int) -> None:

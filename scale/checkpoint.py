@@ -127,8 +127,7 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
             problem = (f"error: checkpoint of step {step} not written ({out / 'latest'} still names "
                        f"{latest or 'no checkpoint'}): {problem}")
     if world.all_max(int(problem is not None)):
-        raise SystemExit(problem or f"error: rank 0 could not write the checkpoint of step {step} "
-                                    "(see its log)")
+        raise SystemExit(problem or 1)  # rank 0 says why
     if world.is_main:
         _publish(out, tmp, final, cfg.keep_checkpoints)
     world.barrier()

@@ -8,16 +8,30 @@
 - `all_sum` / `gather` reduce what the loss and the logged metrics need, so the numbers mean the same as in a
   single process: the token-mean normaliser is the global token count, and metrics are computed over every
   rank's episodes.
-- `wrap` puts the model under DDP or FSDP2 (`fully_shard`); `full_state_dict` gathers full weights for
-  checkpoints and for the vLLM weight sync.
-  Under FSDP every forward is a collective, so ranks must run the same number of forwards: the update aligns
-  its micro-batch counts across ranks, and rollouts and teacher scoring run on vLLM (`--rollout.engine vllm
-  --teacher.backend vllm`), whose per-rank generation needs no collectives.
+- `wrap` puts the model under DDP or FSDP2 (`fully_shard`), `wrap_frozen` the frozen KL reference (sharded
+  like the policy under FSDP, plain under DDP: it has no gradients to all-reduce); `full_state_dict` gathers
+  full weights for checkpoints, `stream_weights` yields them one parameter at a time for the vLLM weight sync.
+- Every collective of a step is issued by every rank, whatever its matched turns, episodes or tokens:
+  - DDP's forward is itself a collective (it broadcasts module buffers, e.g. rotary `inv_freq`, from rank 0),
+    so a forward that one rank runs alone (the teacher scoring its matched turns, a diagnostic, generation)
+    goes through `unwrap(model)`, which runs none; only the update's aligned passes call the DDP module.
+  - Under FSDP every forward (policy and sharded reference) is a collective, so ranks must run the same
+    number of forwards: the update aligns its micro-batch counts across ranks (zero-loss passes), and
+    rollouts and teacher scoring run on vLLM (`--rollout.engine vllm --teacher.backend vllm`), whose per-rank
+    engine needs no collectives.
+- A bound on every collective (`--dist.timeout-s`): on gloo a collective that waits longer raises, and
+  `OneErrorLine` turns that into one line naming the rank, the phase it waited in (`World.at`) and the newest
+  checkpoint. (On NCCL torch's own watchdog ends the process at the same bound, with its message.)
+- `OneErrorLine`: the settings and data are checked on every rank, so an `error:` line raised before the
+  training loop is printed by rank 0 alone (the other ranks exit with status 1); inside the loop a rank > 0
+  prints its own error prefixed with its rank (it may be its alone: an env crash, an out-of-memory).
 Only rank 0 logs, shows progress bars and writes checkpoints; every rank loads the checkpoint when resuming.
 """
 
 import os
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 import torch
@@ -38,6 +52,12 @@ class World:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     owns_process_group: bool = False  # init_distributed started a process group, which close() must destroy
+    timeout_s: float = 0.0        # the bound on every collective (--dist.timeout-s)
+    phase: str = "set-up"         # what this rank does now (`at`), named if a collective times out
+
+    def at(self, phase: str) -> None:
+        """Name what this rank does next: a collective that times out says where it waited."""
+        self.phase = phase
 
     @property
     def enabled(self) -> bool:
@@ -86,16 +106,23 @@ def print0(world: World, *args) -> None:
         print(*args, flush=True)
 
 
-def init_distributed(device: str = "auto") -> World:
+def launched_ranks() -> int:
+    """The number of ranks torchrun launched (1 under plain `python`), known before the process group."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> World:
+    """This process's World; under torchrun the process group (NCCL on GPU, gloo on CPU) with every
+    collective bounded by `timeout_s`."""
     if "RANK" not in os.environ:  # plain `python smrc.py`
         return World(device=resolve_device(device))
     cuda = torch.cuda.is_available() and device != "cpu"
     rank, size, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if cuda:
         torch.cuda.set_device(local)
-    td.init_process_group("nccl" if cuda else "gloo")
+    td.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     return World(rank, size, local, torch.device(f"cuda:{local}") if cuda else torch.device("cpu"),
-                 owns_process_group=True)
+                 owns_process_group=True, timeout_s=timeout_s)
 
 
 def close(world: World) -> None:
@@ -115,6 +142,14 @@ def wrap(model, world: World, strategy: str):
         fully_shard(model)
         return model
     return DDP(model, device_ids=[world.local_rank] if world.device.type == "cuda" else None)
+
+
+def wrap_frozen(model, world: World, strategy: str):
+    """The frozen KL reference: sharded like the policy under FSDP (each rank holds 1/N of it; its forwards
+    are then collectives, aligned as the policy's), as it is under DDP (no gradients, nothing to sync)."""
+    if world.enabled and strategy == "fsdp":
+        return wrap(model, world, strategy)
+    return model
 
 
 def _multi_process() -> bool:
@@ -137,6 +172,17 @@ def full_state_dict(model, cpu: bool = True) -> dict:
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
+def stream_weights(model, dtype: torch.dtype):
+    """(name, full tensor in `dtype`) one parameter or buffer at a time, where the model lives: the weight
+    sync's source. An FSDP2 shard is gathered for that one tensor only (a collective: every rank iterates
+    the same names in the same order), so the device never holds a full fp32 copy of the model, only one
+    tensor of it in the engine's dtype."""
+    for name, t in unwrap(model).state_dict().items():
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        yield name.removeprefix("module."), full.detach().to(dtype)
+        del full
+
+
 def full_optimizer_state_dict(model, optimizer) -> dict:
     """The optimizer state with full (unsharded) tensors; a plain state_dict without a process group."""
     if not _multi_process():
@@ -152,8 +198,48 @@ def load_full_optimizer_state_dict(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+class RankError(SystemExit):
+    """An error this rank alone may have seen: printed by the rank that raised it."""
+
+
+def collective_failed(e: BaseException) -> bool:
+    """Whether `e` is a collective that gave up: a timeout, or a peer that is gone (gloo's RuntimeErrors)."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and (isinstance(e, getattr(td, "DistError", ())) or any(
+        k in text for k in ("Timed out", "timed out", "timeout", "Connection closed by peer", "Connection reset")))
+
+
+class OneErrorLine:
+    """Around a run under torchrun: an `error:` line once, and a collective that gave up as one line (module
+    docstring). `world` is set once the process group exists; `newest()` names the newest checkpoint."""
+
+    def __init__(self, newest=lambda: None):
+        self.world: World | None = None
+        self.newest = newest
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        rank = int(os.environ.get("RANK", "0"))
+        w = self.world
+        if w is not None and w.enabled and e is not None and collective_failed(e):
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise RankError(f"error: rank {rank} waited more than {w.timeout_s:g} s (--dist.timeout-s) for "
+                            f"another rank in {w.phase}, or lost it: a rank stalled or died ({cause}); "
+                            f"newest checkpoint {self.newest()}; continue with --resume") from None
+        if rank == 0 or not isinstance(e, SystemExit) or isinstance(e, RankError) or not isinstance(e.code, str):
+            return False
+        if w is not None and w.phase != "set-up":  # in the training loop: possibly this rank's alone
+            print(f"[rank {rank}] {e.code}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 @dataclass
 class DistConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """under torchrun: ddp (full model per rank) or fsdp (parameters sharded,
-    for models that do not fit one device)"""
+    """under torchrun: ddp (full model per rank) or fsdp (parameters, gradients, optimizer state and the KL
+    reference sharded, for models that do not fit one device)"""
+    timeout_s: float = 1800.0
+    """under torchrun: the longest a collective waits for the other ranks (a stalled or dead rank) before the
+    run ends with one line naming the rank and phase; cover the slowest rank's rollout of a step"""

