@@ -129,9 +129,9 @@ def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response], rollout engine
         return teacher.vllm_logprob_fn(run.engine, temperature)
     # the module under DDP: DDP's forward broadcasts buffers (a collective), and ranks score different numbers
-    # of matched turns, none on some steps (scale/distributed.py)
+    # of matched turns, none on some steps (scale/distributed.py); in the update's precision
     return teacher.hf_logprob_fn(distributed.unwrap(run.model), run.tokenizer.pad_token_id,
-                                 cfg.teacher.micro_batch_tokens, temperature, bf16=cfg.grpo.bf16)  # the update's
+                                 cfg.teacher.micro_batch_tokens, temperature, bf16=cfg.grpo.bf16)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -320,8 +320,8 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     if world.all_max(len(turns)) == 0 and world.all_max(counters["prompt_too_long"]):  # every rank decides
         raise SystemExit(1 if not world.is_main else  # rank 0 says it
                          f"error: --rollout.max-prompt-tokens {cfg.rollout.max_prompt_tokens} fits no "
-                         f"prompt: all episodes of step {step + 1} ended before their first turn, so there is "
-                         f"nothing to train on; raise it")
+                         f"prompt: all episodes of step {step + 1} ended before their first turn, so there "
+                         f"is nothing to train on; raise it")
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
     at("reference bank")
     add_references(cfg, world, run, tasks, episodes)

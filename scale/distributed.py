@@ -204,9 +204,9 @@ class RankError(SystemExit):
 
 def collective_failed(e: BaseException) -> bool:
     """Whether `e` is a collective that gave up: a timeout, or a peer that is gone (gloo's RuntimeErrors)."""
-    text = str(e)
-    return isinstance(e, RuntimeError) and (isinstance(e, getattr(td, "DistError", ())) or any(
-        k in text for k in ("Timed out", "timed out", "timeout", "Connection closed by peer", "Connection reset")))
+    signs = ("Timed out", "timed out", "timeout", "Connection closed by peer", "Connection reset")
+    return isinstance(e, RuntimeError) and (isinstance(e, getattr(td, "DistError", ()))
+                                            or any(k in str(e) for k in signs))
 
 
 class OneErrorLine:
@@ -228,7 +228,8 @@ class OneErrorLine:
             raise RankError(f"error: rank {rank} waited more than {w.timeout_s:g} s (--dist.timeout-s) for "
                             f"another rank in {w.phase}, or lost it: a rank stalled or died ({cause}); "
                             f"newest checkpoint {self.newest()}; continue with --resume") from None
-        if rank == 0 or not isinstance(e, SystemExit) or isinstance(e, RankError) or not isinstance(e.code, str):
+        quiet = isinstance(e, SystemExit) and not isinstance(e, RankError) and isinstance(e.code, str)
+        if rank == 0 or not quiet:
             return False
         if w is not None and w.phase != "set-up":  # in the training loop: possibly this rank's alone
             print(f"[rank {rank}] {e.code}", file=sys.stderr, flush=True)

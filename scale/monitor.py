@@ -80,7 +80,9 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
          "time/env_share": max(r["counters"]["env_s"] for r in everyone) / dt,
          "time/update_s": max(r["times"]["update_s"] for r in everyone),
          "time/peak_gpu_mem_gb": max(r["times"]["peak_gpu_mem_gb"] for r in everyone),
-         **{k: max(r["mem"].get(k, 0.0) for r in everyone) for k in everyone[0]["mem"]},
+         **{k: max(r["mem"].get(k, 0.0) for r in everyone) for k in everyone[0]["mem"]},  # the largest rank's
+         **({f"mem/rank{i}/{k[4:]}": v for i, r in enumerate(everyone) for k, v in r["mem"].items()}
+            if len(everyone) > 1 else {}),  # and each rank's own: mem/rank<r>/<phase>_peak_gb
          "time/tokens_per_s": sum(r["tokens"] for r in everyone) / dt, "archive/dropped_turns": dropped,
          **{k: total("env", k) for k in everyone[0].get("env", {})}}
     append_line(out / "metrics.jsonl", json.dumps(m))

@@ -175,7 +175,7 @@ class VLLMEngine:
         # wake the weights first and the KV cache after, so both never sit beside the gathered copy
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        with torch.no_grad():  # one tensor at a time, in the engine's dtype (in-process: the generator itself)
+        with torch.no_grad():  # one tensor at a time in the engine's dtype (in-process: the generator itself)
             self.llm.collective_rpc("reload_weights",
                                     kwargs=dict(weights_iterator=stream_weights(model, self.dtype)))
         if self.asleep:
