@@ -282,6 +282,8 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
     if cfg.algo != "grpo" and cfg.preset == "none" and cfg.grpo.sd_coef == grpo.SD_COEF[cfg.grpo.sd_loss]:
         print0(world, f"[smrc] lambda {cfg.grpo.sd_coef:g} = {cfg.grpo.sd_loss}'s default; to set it for "
                       "this model: `python analysis/lambda_pilot.py` (README, 'Setting λ')")
+    if cfg.rollout.tasks_per_step % world.world_size:  # allowed: GRPO's statistics stay within a group
+        print0(world, distributed.uneven_shard(cfg.rollout.tasks_per_step, world.world_size))
     run.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
     run.saved = (run.start, 0.0)
     try:

@@ -91,6 +91,7 @@ class World:
         return out
 
     def shard(self, items: list) -> list:
+        """Rank r's items r, r + N, ... (whole task groups; uneven where N does not divide them)."""
         return items[self.rank::self.world_size]
 
     def barrier(self) -> None:
@@ -99,6 +100,16 @@ class World:
 
     def _comm_device(self):
         return self.device if td.get_backend() == "nccl" else torch.device("cpu")
+
+
+def uneven_shard(groups: int, ranks: int) -> str:
+    """The note for `groups` task groups a step over `ranks` ranks that do not divide them. Allowed: GRPO's
+    statistics stay within a group and the loss is a token mean over every rank's tokens, so the update is
+    the one-process update of the same groups; a rank with fewer groups only waits (with none, it still joins
+    every collective, the update's included, with zero-loss passes)."""
+    idle = f"; ranks {groups}..{ranks - 1} hold none and idle in the rollout" if ranks > groups else ""
+    return (f"[smrc] --rollout.tasks-per-step {groups} over {ranks} ranks: a rank holds {groups // ranks} or "
+            f"{-(-groups // ranks)} task groups{idle} (a multiple of {ranks} uses every rank)")
 
 
 def print0(world: World, *args) -> None:

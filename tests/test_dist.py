@@ -112,7 +112,10 @@ def _rows(out):
 
 
 def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
-    proc = _torchrun(*FAST, "--steps", "8", "--save-every", "1", "--output-dir", str(tmp_path))
+    """With one task group a step over 2 ranks (the documented uneven shard: rank 1 holds none, yet joins
+    every collective), through a kill and a resume."""
+    args = [*FAST, "--rollout.tasks-per-step", "1", "--steps", "8", "--save-every", "1"]
+    proc = _torchrun(*args, "--output-dir", str(tmp_path))
     deadline = time.time() + 600
     while not (tmp_path / "step_000002").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.5)
@@ -126,9 +129,11 @@ def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
     done = int(latest.name.split("_")[1])
     # 'latest' only ever names a complete save
     assert 2 <= done < 8 and (latest / "trainer_state.pt").exists()
-    resumed = _torchrun(*FAST, "--steps", "8", "--save-every", "1", "--resume", "--output-dir", str(tmp_path))
+    resumed = _torchrun(*args, "--resume", "--output-dir", str(tmp_path))
     log = resumed.communicate(timeout=900)[0]
     assert resumed.returncode == 0, log[-4000:]
+    assert "[smrc] --rollout.tasks-per-step 1 over 2 ranks: a rank holds 0 or 1 task groups; ranks 1..1 hold " \
+           "none" in log
     assert f"steps {done}->8" in log, [x for x in log.splitlines() if "[smrc]" in x]
     assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))  # no step lost, none logged twice
     assert (tmp_path / "latest").read_text().strip() == "step_000008"
