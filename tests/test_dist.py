@@ -153,3 +153,42 @@ def test_close_destroys_the_group_init_distributed_started(monkeypatch):
     assert td.is_initialized() and world.owns_process_group and not world.enabled
     close(world)
     assert not td.is_initialized()
+
+
+def _fsdp_rank(rank, port, model_dir, out):
+    from datetime import timedelta
+    from transformers import AutoModelForCausalLM
+    from scale.distributed import stream_weights, wrap, wrap_frozen
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    td.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    world = World(rank=rank, world_size=2)
+    policy = wrap(AutoModelForCausalLM.from_pretrained(model_dir), world, "fsdp")
+    ref = wrap_frozen(AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False), world, "fsdp")
+    local = {name: sum(p.to_local().numel() for p in m.parameters()) for name, m in (("policy", policy),
+                                                                                     ("ref", ref))}
+    streamed = {k: (v.dtype, v.clone()) for k, v in stream_weights(policy, torch.bfloat16)}
+    torch.save({"local": local, "total": sum(p.numel() for p in ref.parameters()), "streamed": streamed},
+               Path(out) / f"fsdp{rank}.pt")
+    td.destroy_process_group()
+
+
+def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(tiny, tmp_path):
+    """Under FSDP the frozen KL reference is sharded like the policy (each rank holds about half of it), and
+    the weight sync's stream gives every tensor in full, in the engine's dtype, one at a time."""
+    from embedded.warmstart import resolve
+    model, _ = tiny
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp_mp.start_processes(_fsdp_rank, args=(port, resolve("tiny"), str(tmp_path)), nprocs=2,
+                           start_method="spawn")
+    ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in (0, 1)]
+    total = ranks[0]["total"]
+    for r in ranks:
+        assert r["local"]["ref"] == r["local"]["policy"] < 0.6 * total  # a shard, not a full copy
+    assert sum(r["local"]["ref"] for r in ranks) >= total
+    expected = model.state_dict()
+    for r in ranks:
+        assert set(r["streamed"]) == set(expected)
+        for k, (dtype, v) in r["streamed"].items():
+            assert dtype == torch.bfloat16 and torch.equal(v, expected[k].to(torch.bfloat16)), k

@@ -126,3 +126,14 @@ def test_a_stalled_rank_ends_the_run_with_one_line(tmp_path):
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes left behind: {left}"
     print(f"stalled rank: the run ended {waited:.0f} s after the stop")
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "/nonexistent/model"], "error: --model /nonexistent/model is neither"),  # before the group
+    (["--rollout.max-prompt-tokens", "5"], "error: --rollout.max-prompt-tokens 5 fits no prompt")])  # step 1
+def test_an_error_line_is_printed_once_by_rank_0_and_every_rank_exits(flags, says, tmp_path):
+    proc = _start(ROOT / "smrc.py", *FAST, *flags, "--steps", "2", "--output-dir", str(tmp_path))
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0
+    assert log.count("error:") == 1 and says in log, log[-3000:]
+    assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
