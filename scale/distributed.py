@@ -15,6 +15,8 @@
   - DDP's forward is itself a collective (it broadcasts module buffers, e.g. rotary `inv_freq`, from rank 0),
     so a forward that one rank runs alone (the teacher scoring its matched turns, a diagnostic, generation)
     goes through `unwrap(model)`, which runs none; only the update's aligned passes call the DDP module.
+    (Chosen over `broadcast_buffers=False`: the plain module depends on no DDP internals, e.g. a join or a
+    static-graph pre-forward collective, and the buffers, rotary tables, never change anyway.)
   - Under FSDP every forward (policy and sharded reference) is a collective, so ranks must run the same
     number of forwards: the update aligns its micro-batch counts across ranks (zero-loss passes), and
     rollouts and teacher scoring run on vLLM (`--rollout.engine vllm --teacher.backend vllm`), whose per-rank
