@@ -320,10 +320,11 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
                                                       show_progress=world.is_main)
     turns: list[Turn] = [t for e in episodes for t in e.turns]
     if world.all_max(len(turns)) == 0 and world.all_max(counters["prompt_too_long"]):  # every rank decides
+        n = int(world.all_sum(len(episodes)))
         raise SystemExit(1 if not world.is_main else  # rank 0 says it
                          f"error: --rollout.max-prompt-tokens {cfg.rollout.max_prompt_tokens} fits no "
-                         f"prompt: all episodes of step {step + 1} ended before their first turn, so there "
-                         f"is nothing to train on; raise it")
+                         f"prompt: all {n} episodes of step {step + 1} ended before their first turn, so "
+                         f"there is nothing to train on; raise it")
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
     at("reference bank")
     add_references(cfg, world, run, tasks, episodes)

@@ -68,6 +68,8 @@ def _distil_then_grads(model, samples, world=None):
 
 
 def _rank_main(rank, port, model_dir, out):
+    """Both 2-rank checks in one spawn (a spawn costs ~15 s): DDP gradients with the teacher on one rank, then
+    FSDP's sharded reference and the weight stream."""
     from datetime import timedelta
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     td.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))  # fail, not hang
@@ -75,24 +77,31 @@ def _rank_main(rank, port, model_dir, out):
     model = torch.nn.parallel.DistributedDataParallel(AutoModelForCausalLM.from_pretrained(model_dir))
     g = _distil_then_grads(model, _samples()[rank::2], World(rank=rank, world_size=2))
     torch.save(g, Path(out) / f"grad{rank}.pt")
+    _fsdp_part(rank, model_dir, out)
     td.destroy_process_group()
 
 
-def test_gradients_split_over_two_ranks_equal_one_process(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The folder where the two spawned ranks of `_rank_main` left their results."""
+    from embedded.warmstart import resolve
+    out = tmp_path_factory.mktemp("two_ranks")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp_mp.start_processes(_rank_main, args=(port, resolve("tiny"), str(out)), nprocs=2, start_method="spawn")
+    return out
+
+
+def test_gradients_split_over_two_ranks_equal_one_process(tiny, two_ranks):
     """Rank 1 holds every distilled turn and runs the teacher; rank 0 has none and runs no teacher pass (the
     case that hung: the teacher's forward through DDP broadcast buffers on one rank only)."""
-    from embedded.warmstart import resolve
     model, _ = tiny
     samples = _samples()
     assert all(s.teacher_logprobs is None for s in samples[0::2])
     assert all(s.teacher_logprobs is not None for s in samples[1::2])
     single = _distil_then_grads(__import__("copy").deepcopy(model), samples)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp_mp.start_processes(_rank_main, args=(port, resolve("tiny"), str(tmp_path)), nprocs=2,
-                           start_method="spawn")
-    g0, g1 = torch.load(tmp_path / "grad0.pt"), torch.load(tmp_path / "grad1.pt")
+    g0, g1 = torch.load(two_ranks / "grad0.pt"), torch.load(two_ranks / "grad1.pt")
     # DDP all-reduced: every rank holds the same gradient
     assert torch.equal(g0, g1)
     # and it is the single-process gradient of the batch
@@ -132,8 +141,8 @@ def test_killed_two_process_run_resumes_from_its_checkpoint(tmp_path):
     resumed = _torchrun(*args, "--resume", "--output-dir", str(tmp_path))
     log = resumed.communicate(timeout=900)[0]
     assert resumed.returncode == 0, log[-4000:]
-    assert "[smrc] --rollout.tasks-per-step 1 over 2 ranks: a rank holds 0 or 1 task groups; ranks 1..1 hold " \
-           "none" in log
+    assert ("[smrc] --rollout.tasks-per-step 1 over 2 ranks: a rank holds 0 or 1 task groups; ranks 1..1 "
+            "hold none") in log
     assert f"steps {done}->8" in log, [x for x in log.splitlines() if "[smrc]" in x]
     assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))  # no step lost, none logged twice
     assert (tmp_path / "latest").read_text().strip() == "step_000008"
@@ -155,12 +164,9 @@ def test_close_destroys_the_group_init_distributed_started(monkeypatch):
     assert not td.is_initialized()
 
 
-def _fsdp_rank(rank, port, model_dir, out):
-    from datetime import timedelta
+def _fsdp_part(rank, model_dir, out):
     from transformers import AutoModelForCausalLM
     from scale.distributed import stream_weights, wrap, wrap_frozen
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    td.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     world = World(rank=rank, world_size=2)
     policy = wrap(AutoModelForCausalLM.from_pretrained(model_dir), world, "fsdp")
     ref = wrap_frozen(AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False), world, "fsdp")
@@ -169,19 +175,13 @@ def _fsdp_rank(rank, port, model_dir, out):
     streamed = {k: (v.dtype, v.clone()) for k, v in stream_weights(policy, torch.bfloat16)}
     torch.save({"local": local, "total": sum(p.numel() for p in ref.parameters()), "streamed": streamed},
                Path(out) / f"fsdp{rank}.pt")
-    td.destroy_process_group()
 
 
-def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(tiny, tmp_path):
+def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(tiny, two_ranks):
     """Under FSDP the frozen KL reference is sharded like the policy (each rank holds about half of it), and
     the weight sync's stream gives every tensor in full, in the engine's dtype, one at a time."""
-    from embedded.warmstart import resolve
     model, _ = tiny
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp_mp.start_processes(_fsdp_rank, args=(port, resolve("tiny"), str(tmp_path)), nprocs=2,
-                           start_method="spawn")
+    tmp_path = two_ranks
     ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in (0, 1)]
     total = ranks[0]["total"]
     for r in ranks:
