@@ -38,6 +38,7 @@ SD_COEF = {"reverse-kl": 0.01, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.0
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large
+MEASURE_MAX_PARAMS = 100_000_000  # --grpo.term-grad-norms and --teacher.candidate-gain auto: on below it
 
 
 @dataclass
@@ -71,8 +72,10 @@ class GRPOConfig:
     sd_is_cap: float = 2.0
     """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's
     truncated-IS cap: 2; inf = untruncated)"""
-    term_grad_norms: bool = True
-    """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only)"""
+    term_grad_norms: Literal["auto", "on", "off"] = "auto"
+    """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only; two
+    parameter-sized buffers and two extra backward passes): auto = on below MEASURE_MAX_PARAMS (100M)
+    parameters; `analysis/lambda_pilot.py` turns it on"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -89,6 +92,10 @@ class GRPOConfig:
     without it, ~0.1 MB with it), off otherwise"""
     bf16: bool = True
     """bf16 autocast on CUDA (ignored on CPU, where float32 is used)"""
+    ref_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """the frozen KL reference's weights: auto = bfloat16 on CUDA with --grpo.bf16 (half the memory; its
+    matmuls ran in bf16 under autocast anyway, so only its norm and embedding weights round further, and the
+    KL's log-probs stay float32), float32 on CPU"""
     max_nonfinite_steps: int = 3
     """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error;
     each one is skipped (no weight changes) and counted in actor/nonfinite_skips"""
@@ -337,8 +344,18 @@ def _add_stats(sums: dict, terms: dict, mask, sd_mask, sampled, logp) -> None:
 
 
 def _can_measure_terms(cfg: GRPOConfig, model) -> bool:
-    """--grpo.term-grad-norms, and not under FSDP (its gradients are sharded)."""
-    return cfg.term_grad_norms and not hasattr(model, "unshard")
+    """--grpo.term-grad-norms (auto: a model below MEASURE_MAX_PARAMS; a bool from an older config.json counts
+    as on / off), and not under FSDP (its gradients are sharded)."""
+    mode = cfg.term_grad_norms
+    small = sum(p.numel() for p in model.parameters()) < MEASURE_MAX_PARAMS
+    return (mode in ("on", True) or (mode == "auto" and small)) and not hasattr(model, "unshard")
+
+
+def ref_dtype(cfg: GRPOConfig, device: torch.device) -> torch.dtype:
+    """The KL reference's weight dtype (--grpo.ref-dtype)."""
+    if cfg.ref_dtype == "auto":
+        return torch.bfloat16 if cfg.bf16 and device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.ref_dtype)
 
 
 def _record_term_norms(sums: dict, term_grads: dict | None) -> None:
@@ -390,12 +407,14 @@ def _clip_grad_norm(model, max_norm: float) -> float:
 
 def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GRPOConfig, world) -> int:
     """optimizer.step() when the mini-batch's loss and gradient norm are finite on every rank (returns 0);
-    else drop the gradients, skip the step and return streak + 1, stopping the run when that reaches
-    cfg.max_nonfinite_steps (before anything is saved: the weights and optimizer state stay finite)."""
+    else skip the step and return streak + 1, stopping the run when that reaches cfg.max_nonfinite_steps
+    (before anything is saved: the weights and optimizer state stay finite). Either way the gradients are
+    freed (set to None): none lives on through the next rollout."""
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     bad = bool(world.all_max(int(not finite)))  # every rank takes the same decision (the loss is per rank)
     if not bad:
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return 0
     optimizer.zero_grad(set_to_none=True)
     if streak + 1 >= cfg.max_nonfinite_steps:  # on every rank (the decision is shared); rank 0 says it

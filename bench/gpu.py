@@ -165,7 +165,8 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
     """smrc.setup's pieces around a model built in memory (nothing to load); SMRC-SD's bank gets the planner's
     solutions of every train game."""
     model = build_model(args.arch, tok, world.device, args.seed)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.grpo.kl_coef > 0 else None
+    ref_model = (copy.deepcopy(model).eval().requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))
+                 if cfg.grpo.kl_coef > 0 else None)
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
     s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok,
@@ -174,6 +175,8 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
                    bank=router.ReferenceBank(cfg.router.archive_size), start=0,
                    engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
                                    bf16=cfg.grpo.bf16),
+                   teacher=teacher.resolved(cfg.teacher, sum(p.numel() for p in model.parameters()),
+                                            grpo.MEASURE_MAX_PARAMS),
                    memory=Memory(world.device))
     if cfg.algo != "grpo":  # the random policy never wins: the planner's solutions are the references
         for ref in smrc.planner_references(cfg, s, s.train_tasks):

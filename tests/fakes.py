@@ -1,6 +1,22 @@
 """Small builders of records.Turn for the unit tests (the record the trainer passes from stage to stage)."""
+import torch
+
 import envs
 from records import Step, Turn
+
+
+class GradRecorder(torch.optim.SGD):
+    """SGD at lr 0 (no weight moves) that keeps on each parameter the gradient of its last step
+    (`p.last_grad`): grpo.update frees the gradients after every step."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.last_grad = None if p.grad is None else p.grad.detach().clone()
+        return super().step(closure)
 
 
 def turn(task_id: str, traj_id: str, index: int, step: Step, task_type: str = "t", **fields) -> Turn:
