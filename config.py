@@ -95,6 +95,9 @@ class Config:
     counted, not written (0 = no archive)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
+    memory_check: bool = True
+    """on CUDA, before anything loads: refuse to start (one error line) when the memory plan's peak
+    (`python bench/memory_plan.py`) exceeds the GPU; --no-memory-check starts anyway"""
     alfworld: AlfworldConfig = field(default_factory=lambda: AlfworldConfig(source="official"))
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

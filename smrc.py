@@ -57,6 +57,7 @@ from scale.checkpoint import (initial_weights, latest_checkpoint, load_trainer_s
                               seed_step, set_aside_newer)
 from scale.distributed import World, init_distributed, print0
 from scale.memory import Memory, return_freed_memory
+from scale.memory_plan import check_fits
 from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
 from scale.run_logs import archive_rows, trim_logs
@@ -200,6 +201,7 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         resolve(cfg.model)
     world.barrier()
     model_path = resolve(cfg.model)
+    check_fits(cfg, model_path, world.device, world.world_size)  # CUDA: the memory plan fits the GPU
     if cfg.resume and ckpt is None:
         print0(world, f"[resume] no checkpoint in {out}; starting from step 0")
     model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)

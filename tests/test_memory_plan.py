@@ -1,4 +1,4 @@
-"""bench/memory_plan.py held to measured peaks: the plan of a recorded run's settings against the peak that
+"""bench/memory_plan.py (scale/memory_plan.py) held to measured peaks: the plan of a recorded run's settings against the peak that
 run logged (±15%), its parts against the memory each fix frees, and its one-line errors.
 
 - SmolLM2-135M on CPU (bench/results/memory_smollm2: its config.json; mem/update_peak_gb 6.80 at step 1,
@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import memory_plan as mp  # noqa: E402
+import memory_plan as cli  # noqa: E402  (bench/memory_plan.py, the CLI)
+from scale import memory_plan as mp  # noqa: E402
 from config import Config, config_from_run, resolve  # noqa: E402
 import grpo  # noqa: E402
 import rollout  # noqa: E402
@@ -78,7 +79,7 @@ def test_the_fixes_show_in_the_plan_and_the_paper_configs_fit(capsys, monkeypatc
     for config, gpus, strategy, limit in (("configs/alfworld/smrc_sd_qwen3_1.7b.yaml", 1, "ddp", 70),
                                           ("configs/alfworld/smrc_sd_qwen2.5_3b.yaml", 8, "fsdp", 80)):
         monkeypatch.chdir(ROOT)
-        mp.main(["--gpu-gib", "80", "--nproc", str(gpus), "--config", config, "--dist.strategy", strategy])
+        cli.main(["--gpu-gib", "80", "--nproc", str(gpus), "--config", config, "--dist.strategy", strategy])
         out = capsys.readouterr().out.strip().splitlines()
         assert out[-1].startswith("peak ") and " GiB of 80 GiB (" in out[-1], out
         assert float(out[-1].split()[1]) <= limit, out
@@ -93,5 +94,22 @@ def test_bad_input_is_one_line(args, says, tmp_path):
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert", "vocab_size": 30522}')
     with pytest.raises(SystemExit) as e:
-        mp.main([a.replace("{tmp}", str(tmp_path)) for a in args])
+        cli.main([a.replace("{tmp}", str(tmp_path)) for a in args])
     assert str(e.value.code).startswith("error: ") and says in str(e.value.code), e.value.code
+
+
+def test_a_plan_over_the_gpu_is_one_line_naming_phase_plan_and_flags():
+    """smrc.py's preflight on CUDA (scale/memory_plan.check_fits) for a card that is too small: the line names
+    the phase, the plan, the largest part's flag and the flag that starts anyway; a card that fits: None."""
+    cfg = resolve(Config(model="Qwen/Qwen3-1.7B", rollout=rollout.RolloutConfig(engine="vllm"),
+                         teacher=teacher_cfg(backend="vllm")))
+    arch = mp.load_arch("Qwen/Qwen3-1.7B")
+    line = mp.over_device(cfg, arch, 40.0, 1)
+    assert line.startswith("error: the memory plan's rollout peak is ") and "more than this GPU's 40.0 GiB" in line
+    assert "moved by --rollout.vllm-gpu-memory" in line and "--no-memory-check" in line
+    assert mp.over_device(cfg, arch, 80.0, 1) is None
+
+
+def teacher_cfg(**kw):
+    from teacher import TeacherConfig
+    return TeacherConfig(**kw)
