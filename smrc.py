@@ -283,7 +283,8 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
     print0(world, f"[smrc] {cfg.algo}: matcher={cfg.router.matcher} context={cfg.router.context} "
                   f"L_SD={cfg.grpo.sd_loss} lambda={cfg.grpo.sd_coef:g}{oracle} | "
                   f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
-                  f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
+                  f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps} | "
+                  f"engine {cfg.engines()}")
     if cfg.algo != "grpo" and cfg.preset == "none" and cfg.grpo.sd_coef == grpo.SD_COEF[cfg.grpo.sd_loss]:
         print0(world, f"[smrc] lambda {cfg.grpo.sd_coef:g} = {cfg.grpo.sd_loss}'s default; to set it for "
                       "this model: `python analysis/lambda_pilot.py` (README, 'Setting λ')")

@@ -58,9 +58,9 @@ ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, th
 
 @dataclass
 class TeacherConfig:
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["auto", "hf", "vllm"] = "auto"
     """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout
-    engine"""
+    engine; auto = as --rollout.engine auto decides"""
     max_prompt_tokens: int = 8192
     """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never
     truncate"""

@@ -22,7 +22,7 @@ from scale.memory_plan import GIB, load_arch, plan, report  # noqa: E402
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Other flags (or those after --) are smrc.py's; --config is passed on.")
+                                 epilog="Other flags (or those after --) are smrc.py's, --config too.")
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="the device's memory (GiB)")
     ap.add_argument("--nproc", type=int, default=1, help="ranks (torchrun --nproc_per_node)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="what the plan is for")

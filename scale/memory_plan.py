@@ -111,11 +111,13 @@ LEVERS = {  # the flag that moves each part most
     "vLLM share": "--rollout.vllm-gpu-memory", "KV cache": "--rollout.gen-batch-size",
     "activations": "--grpo.micro-batch-tokens (and --grpo.grad-checkpointing on)",
     "teacher activations": "--teacher.micro-batch-tokens", "reference forward": "--grpo.micro-batch-tokens",
-    "term-grad buffers": "--grpo.term-grad-norms off", "reference": "--grpo.ref-dtype bfloat16 (--grpo.kl-coef 0: none)",
-    "weights": "--dist.strategy fsdp (over more ranks)", "optimizer": "--dist.strategy fsdp (over more ranks)",
-    "gradients": "--dist.strategy fsdp (over more ranks)", "log-prob chunk": "none (512 tokens x vocab, fixed)",
+    "term-grad buffers": "--grpo.term-grad-norms off",
+    "reference": "--grpo.ref-dtype bfloat16 (--grpo.kl-coef 0: none)",
+    "weights": "--dist.strategy fsdp (over more ranks)", "optimizer": "--dist.strategy fsdp (more ranks)",
+    "gradients": "--dist.strategy fsdp (over more ranks)", "log-prob chunk": "none (512 tokens x vocab)",
     "autocast copies": "--grpo.grad-checkpointing on", "FSDP full logits": "--grpo.micro-batch-tokens",
-    "FSDP gathered layers": "none (two layers in full)", "process": "none", "prefill": "--rollout.gen-batch-size",
+    "FSDP gathered layers": "none (two layers in full)", "process": "none",
+    "prefill": "--rollout.gen-batch-size",
 }
 
 
@@ -159,7 +161,8 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
         teacher["vLLM share"] = vllm  # awake beside the transformers teacher
     T = cfg.grpo.micro_batch_tokens
     update = {"gradients": 4 * P / S,
-              "activations": T * (a.L * 4 * a.H + a.layer_bytes(b)) if c["ckpt"] else T * a.L * a.layer_bytes(b),
+              "activations": (T * (a.L * 4 * a.H + a.layer_bytes(b)) if c["ckpt"]
+                              else T * a.L * a.layer_bytes(b)),
               "log-prob chunk": chunk}
     if c["ref_bytes"]:
         update["reference forward"] = T * a.layer_bytes(b)
@@ -173,13 +176,15 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
         update["FSDP gathered layers"] = 2 * 4 * (P - a.V * a.H) / a.L
     phases = {name: {**resident, **parts} for name, parts in
               (("rollout", rollout), ("teacher", teacher), ("update", update))}
-    return {"phases": {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}, "choices": c}
+    gib = {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}
+    return {"phases": gib, "choices": c}
 
 
 def report(result: dict, arch: Arch, gpu_gib: float, device: str) -> list[str]:
     """The printed plan: each phase's parts, the largest part of the peak phase and its flag, the peak."""
     c, phases = result["choices"], result["phases"]
-    lines = [f"model: {arch.params / 1e9:.3f}B parameters ({arch.L} layers, hidden {arch.H}, vocab {arch.V}); "
+    lines = [f"model: {arch.params / 1e9:.3f}B parameters ({arch.L} layers, hidden {arch.H}, "
+             f"vocab {arch.V}); "
              f"{device}, {c['shards']} shard(s); engine {c['engine']}, teacher {c['backend']}; checkpointing "
              f"{'on' if c['ckpt'] else 'off'}; term-grad norms {'on' if c['terms'] else 'off'}; reference "
              f"{ {0: 'none', 2: 'bfloat16', 4: 'float32'}[c['ref_bytes']] }"]
@@ -203,7 +208,7 @@ def over_device(cfg, arch: Arch, gpu_gib: float, nproc: int) -> str | None:
     part, gib = max(phases[phase].items(), key=lambda kv: kv[1])
     return (f"error: the memory plan's {phase} peak is {peak:.1f} GiB per rank, more than this GPU's "
             f"{gpu_gib:.1f} GiB (largest part: {part} {gib:.1f} GiB, moved by {LEVERS.get(part, 'none')}); "
-            f"every part: python bench/memory_plan.py --gpu-gib {gpu_gib:.0f} --nproc {nproc} -- <these flags>; "
+            f"every part: python bench/memory_plan.py --gpu-gib {gpu_gib:.0f} --nproc {nproc} -- FLAGS; "
             f"--no-memory-check starts anyway")
 
 
@@ -212,7 +217,7 @@ def check_fits(cfg, model_path: str, device, nproc: int) -> None:
     import torch
     if device.type != "cuda" or not cfg.memory_check:
         return
-    problem = over_device(cfg, load_arch(model_path), torch.cuda.get_device_properties(device).total_memory / GIB,
-                          nproc)
+    total = torch.cuda.get_device_properties(device).total_memory / GIB
+    problem = over_device(cfg, load_arch(model_path), total, nproc)
     if problem:
         raise SystemExit(problem)

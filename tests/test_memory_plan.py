@@ -1,5 +1,5 @@
-"""bench/memory_plan.py (scale/memory_plan.py) held to measured peaks: the plan of a recorded run's settings against the peak that
-run logged (±15%), its parts against the memory each fix frees, and its one-line errors.
+"""bench/memory_plan.py (scale/memory_plan.py) held to measured peaks: the plan of a recorded run's settings
+against the peak that run logged (±15%), its parts against the memory each fix frees, and its one-line errors.
 
 - SmolLM2-135M on CPU (bench/results/memory_smollm2: its config.json; mem/update_peak_gb 6.80 at step 1,
   before the optimizer state exists, 8.12 at step 2): resident memory, the process included.
@@ -42,8 +42,8 @@ def test_the_smollm2_cpu_run():
     assert cfg.grpo.term_grad_norms == "on"  # the record's `true`, read as on
     update = _update(cfg, mp.arch_of(mp.PUBLIC["HuggingFaceTB/SmolLM2-135M-Instruct"], "smollm2"), cuda=False)
     _check("SmolLM2-135M CPU update, step 2", sum(update.values()), 8.12)
-    _check("SmolLM2-135M CPU update, step 1 (no optimizer state yet)", sum(update.values()) - update["optimizer"],
-           6.80)
+    first = sum(update.values()) - update["optimizer"]
+    _check("SmolLM2-135M CPU update, step 1 (no optimizer state yet)", first, 6.80)
 
 
 def _h200_cfg() -> Config:
@@ -61,8 +61,8 @@ def test_the_h200_record():
     update = _update(_h200_cfg(), mp.load_arch("Qwen/Qwen3-1.7B"), cuda=True, gpu_gib=139.8)
     _check("Qwen3-1.7B H200 update, step 2", sum(update.values()), 75.7)
     first = sum(update.values()) - update["optimizer"]
-    print(f"Qwen3-1.7B H200 update, step 1 (no optimizer state yet): plan {first:.2f} GiB, measured 62.80 GiB, "
-          f"error {first / 62.8 - 1:+.1%} (outside ±15%)")
+    print(f"Qwen3-1.7B H200 update, step 1 (no optimizer state yet): plan {first:.2f} GiB, "
+          f"measured 62.80 GiB, error {first / 62.8 - 1:+.1%} (outside ±15%)")
     assert -0.2 < first / 62.8 - 1 < 0
 
 
@@ -71,7 +71,8 @@ def test_the_fixes_show_in_the_plan_and_the_paper_configs_fit(capsys, monkeypatc
     the plan says they hold; the paper's Qwen3-1.7B config fits one 80 GB card with room (≤ 70 GiB), the
     Qwen2.5-3B one fits 8 × 80 GB under FSDP."""
     old, arch = _h200_cfg(), mp.load_arch("Qwen/Qwen3-1.7B")
-    new = dataclasses.replace(old, grpo=dataclasses.replace(old.grpo, term_grad_norms="auto", ref_dtype="auto"))
+    new = dataclasses.replace(old, grpo=dataclasses.replace(old.grpo, term_grad_norms="auto",
+                                                            ref_dtype="auto"))
     before, after = _update(old, arch, True), _update(new, arch, True)
     P = arch.params / mp.GIB
     assert before["term-grad buffers"] == pytest.approx(16 * P) and "term-grad buffers" not in after
@@ -105,7 +106,8 @@ def test_a_plan_over_the_gpu_is_one_line_naming_phase_plan_and_flags():
                          teacher=teacher_cfg(backend="vllm")))
     arch = mp.load_arch("Qwen/Qwen3-1.7B")
     line = mp.over_device(cfg, arch, 40.0, 1)
-    assert line.startswith("error: the memory plan's rollout peak is ") and "more than this GPU's 40.0 GiB" in line
+    assert line.startswith("error: the memory plan's rollout peak is ")
+    assert "more than this GPU's 40.0 GiB" in line
     assert "moved by --rollout.vllm-gpu-memory" in line and "--no-memory-check" in line
     assert mp.over_device(cfg, arch, 80.0, 1) is None
 
