@@ -44,3 +44,24 @@ def teacher_requests(tokenizer,
     turns = [turn("t", "traj", 0, Step((), "", "", ""), user_text=user_text, response_ids=response)
              for user_text, _, response in requests]
     return prompts, turns
+
+
+def first_mini_batch_ratios(monkeypatch, grpo, run) -> list:
+    """The PPO ratios π_θ/π_old on the response tokens of each micro-batch of the first mini-batch that
+    `run()` (a grpo.update call) computes: grpo.loss_terms is wrapped to record them (the update itself is
+    unchanged). Ratios of later mini-batches are left out: the first optimizer step ends the recording."""
+    seen, done = [], []
+    real_terms, real_step = grpo.loss_terms, grpo._guarded_step
+
+    def terms(x, cfg, sd_scale=1.0):
+        if not done:
+            seen.append(torch.exp(x.logp - x.old_logp).detach()[x.old_logp != 0])  # real tokens (not padding)
+        return real_terms(x, cfg, sd_scale)
+
+    def step(*args, **kw):
+        done.append(True)
+        return real_step(*args, **kw)
+    monkeypatch.setattr(grpo, "loss_terms", terms)
+    monkeypatch.setattr(grpo, "_guarded_step", step)
+    run()
+    return seen
