@@ -95,6 +95,9 @@ class Config:
     counted, not written (0 = no archive)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
+    memory_check: bool = True
+    """on CUDA, before anything loads: refuse to start (one error line) when the memory plan's peak
+    (`python bench/memory_plan.py`) exceeds the GPU; --no-memory-check starts anyway"""
     alfworld: AlfworldConfig = field(default_factory=lambda: AlfworldConfig(source="official"))
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -113,6 +116,11 @@ class Config:
         return {"matcher": self.router.matcher, "context": self.router.context, "sd_loss": self.grpo.sd_loss,
                 "sd_coef": self.grpo.sd_coef, "teacher_oracle": self.teacher.oracle}
 
+    def engines(self) -> str:
+        """The banner's engines, and why where --rollout.engine / --teacher.backend auto chose them."""
+        why = getattr(self, "_engine_why", "")  # set by `resolve` (not a flag)
+        return f"{self.rollout.engine}, teacher {self.teacher.backend}" + (f" (auto: {why})" if why else "")
+
 
 def resolve(cfg: Config) -> Config:
     """The run's concrete settings, decided once before anything runs: a copy of `cfg` in which the router's
@@ -129,11 +137,32 @@ def resolve(cfg: Config) -> Config:
     cfg.router.matcher = MATCHER_ALIASES.get(cfg.router.matcher, cfg.router.matcher)
     if cfg.router.history_window is None:  # h of the history matcher: the prompt's
         cfg.router.history_window = cfg.env_cfg.history_length
+    if "auto" in (cfg.rollout.engine, cfg.teacher.backend):
+        engine, why = auto_engine(cfg)
+        cfg.rollout.engine = engine if cfg.rollout.engine == "auto" else cfg.rollout.engine
+        cfg.teacher.backend = engine if cfg.teacher.backend == "auto" else cfg.teacher.backend
+        cfg._engine_why = why  # for the banner and config.json's resolved block (not a flag)
+    if cfg.grpo.old_logprobs == "auto":
+        cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form
     if cfg.grpo.sd_coef is None:
         preset = PRESET_SD_COEF.get(cfg.preset) if cfg.grpo.sd_loss == "reverse-kl" else None
         cfg.grpo.sd_coef = SD_COEF[cfg.grpo.sd_loss] if preset is None else preset
     return cfg
+
+
+def auto_engine(cfg: Config) -> tuple[str, str]:
+    """(engine, why) for --rollout.engine / --teacher.backend auto: vLLM where it helps and runs (CUDA, vllm
+    importable, free decoding), else the transformers engine."""
+    import importlib.util
+    import torch
+    if cfg.rollout.action_space == "admissible":
+        return "hf", "restricted decoding (--rollout.action-space admissible) runs on the transformers engine"
+    if cfg.device == "cpu" or not torch.cuda.is_available():
+        return "hf", "no CUDA device"
+    if importlib.util.find_spec("vllm") is None:
+        return "hf", "vllm is not installed (pip install vllm)"
+    return "vllm", "CUDA and vllm are present"
 
 
 # each preset's λ of the reverse-kl forms (not of the others). learn: the rule fixed before the v8 sweep, the

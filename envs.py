@@ -15,11 +15,18 @@ What it holds (a leaf: it imports nothing from the project; the implementations 
 Naming: the *memory* of an episode is the list of its earlier (observation, action) pairs shown in the prompt;
 its *history key* is the sha1 chain above, which the `history` matcher compares.
 
-Deviations from verl-agent (numbered):
-1. Any invalid output (missing tags, missing <think> when required, CJK, empty, several <action> blocks, an
-   action over MAX_ACTION_CHARS) is sent to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the
-   lowercased response; verl-agent keeps the extracted action when only <think> is missing.
+Deviations from verl-agent (numbered; its projection takes the text between the first `<action>` and the
+first `</action>` and marks the turn invalid only for missing tags, a missing `<think>` block or CJK; like
+it, a second `<action>` block after the first is ignored, and a `<think>` block that quotes a tag yields the
+quoted text):
+1. Any invalid output is sent to the env as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased
+   response; verl-agent keeps the extracted action when only <think> is missing.
 2. 'help' is dropped from the ALFWorld admissible list shown in the prompt.
+3. An empty action (`<action> </action>`) is invalid ("empty"): verl-agent sends "" to the env as a valid
+   action; an empty command is no action, and the penalty says so.
+4. An action over MAX_ACTION_CHARS is invalid ("too_long"), so no env parses an unbounded string.
+5. The closing tag is looked for after the opening one: verl-agent's search from the start takes a stray
+   `</action>` before `<action>` as the end (an empty slice, "valid").
 """
 import hashlib
 import random
@@ -63,7 +70,7 @@ class StepResult:
 class ParsedAction:
     action: str  # text sent to the env
     valid: bool  # well-formed per the verl-agent projection (admissibility is not checked, as in verl-agent)
-    # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "multiple_actions" | "too_long"
+    # "ok" | "missing_action_tags" | "missing_think" | "empty" | "cjk" | "too_long"
     reason: str
 
 
@@ -280,8 +287,9 @@ def action_response(action: str) -> str:
 
 
 def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
-    """verl-agent projection: lowercase, the text inside the first <action>...</action>. Invalid outputs are
-    sent as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased response (deviation 1)."""
+    """verl-agent projection: lowercase, the text inside the first <action>...</action> (later blocks are
+    ignored). Invalid outputs are sent as the last 30 (ALFWorld) / 20 (WebShop) characters of the lowercased
+    response (deviations 1, 3-5: the module docstring)."""
     lower = text.lower()
     fallback = lower[-(20 if env_name == "webshop" else 30):]
     start = lower.find("<action>")
@@ -290,8 +298,6 @@ def parse_action(text: str, env_name: str, require_think: bool) -> ParsedAction:
         return ParsedAction(fallback, False, "empty")
     if start < 0 or end < 0:
         return ParsedAction(fallback, False, "missing_action_tags")
-    if lower.count("<action>") > 1:
-        return ParsedAction(fallback, False, "multiple_actions")
     action = lower[start + len("<action>"):end].strip()
     if not action:
         return ParsedAction(fallback, False, "empty")

@@ -31,6 +31,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from analysis import term_grads as measure
 from models import collate, micro_batches, token_logprobs
 
 # λ of each form when no preset sets one: the anchors; reverse-kl 0.01 (1.0 before; docs/results.md)
@@ -38,6 +39,7 @@ SD_COEF = {"reverse-kl": 0.01, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.0
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large
+MEASURE_MAX_PARAMS = measure.MEASURE_MAX_PARAMS  # --grpo.term-grad-norms, --teacher.candidate-gain auto
 
 
 @dataclass
@@ -71,8 +73,10 @@ class GRPOConfig:
     sd_is_cap: float = 2.0
     """truncation of the reverse-kl term's importance ratio ρ on mini-batches after the first (verl's
     truncated-IS cap: 2; inf = untruncated)"""
-    term_grad_norms: bool = True
-    """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only)"""
+    term_grad_norms: Literal["auto", "on", "off"] = "auto"
+    """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only; two
+    parameter-sized buffers and two extra backward passes): auto = on below MEASURE_MAX_PARAMS (100M)
+    parameters; `analysis/lambda_pilot.py` turns it on"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -89,6 +93,17 @@ class GRPOConfig:
     without it, ~0.1 MB with it), off otherwise"""
     bf16: bool = True
     """bf16 autocast on CUDA (ignored on CPU, where float32 is used)"""
+    ref_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """the frozen KL reference's weights: auto = bfloat16 on CUDA with --grpo.bf16 (half the memory; its
+    matmuls ran in bf16 under autocast anyway, so only its norm and embedding weights round further, and the
+    KL's log-probs stay float32), float32 on CPU"""
+    old_logprobs: Literal["auto", "recompute", "sampler"] = "auto"
+    """π_old of the PPO ratio on mini-batches after the first: recompute = the trainer's own log-probs before
+    the first step (verl's old_log_prob pass: one no-grad forward over the batch, on the same micro-batches,
+    so the first mini-batch's ratio is exactly 1 and the sampler's kernels and bf16 never enter a ratio);
+    sampler = the rollout engine's sampling log-probs (no extra pass). auto = recompute under a vLLM engine,
+    sampler under the transformers engine (same weights and precision: nothing to correct; config.resolve).
+    The trainer-sampler gap is logged either way (actor/rollout_logprob_gap)"""
     max_nonfinite_steps: int = 3
     """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error;
     each one is skipped (no weight changes) and counted in actor/nonfinite_skips"""
@@ -219,9 +234,11 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
     minis = _mini_batches(samples, cfg.mini_batch_size, world)  # one optimizer step each
     on_policy = len(minis) == 1 and cfg.ppo_epochs == 1  # then π_old is this forward's, detached
-    measured = _measured_mini_batch(minis) if _can_measure_terms(cfg, model) else None
+    measured = measure.measured_mini_batch(minis) if measure.can_measure(cfg, model) else None
     sums, grad_norms, skips = _empty_sums(), [], 0
     model.train()
+    recomputed = (None if on_policy or cfg.old_logprobs != "recompute" else  # π_old from the trainer
+                  _recompute_old(model, ref_model, minis, cfg, world, pad_id, temperature, autocast))
     for epoch in range(cfg.ppo_epochs):
         for m, mb in enumerate(minis):
             first = epoch == 0 and m == 0  # on the weights that sampled: ρ = 1
@@ -239,7 +256,8 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
                                                    allowed=allowed)                             # (B, R)
                     ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, allowed, logp)  # (B, R)
                 sampled, teacher_logp, distilled, advantages = _sample_tensors(chunk, mask.shape[1], device)
-                old_logp = logp.detach() if on_policy else sampled                              # (B, R)
+                old_logp = (logp.detach() if on_policy else sampled if recomputed is None else
+                            _pad([recomputed[id(s)] for s in chunk], mask.shape[1]).to(device))      # (B, R)
                 sd_mask = distilled * mask                                                      # (B, R)
                 # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, capped)
                 sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp,
@@ -248,11 +266,11 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
                                                         advantages, entropy, sd_rho), cfg, sd_scale)
                 loss = (loss_tok * mask).sum() / norm
                 if term_grads is not None:  # measurement only: ∇L_GRPO and ∇(λ·L_SD) apart
-                    _add_term_grads(term_grads, model, terms, mask, norm, cfg.sd_coef * sd_scale)
+                    measure.add(term_grads, model, terms, mask, norm, cfg.sd_coef * sd_scale)
                 loss.backward()
                 mb_loss += float(loss.detach())
                 _add_stats(sums, terms, mask, sd_mask, sampled, logp)
-            _record_term_norms(sums, term_grads)
+            measure.record_norms(sums, term_grads)
             grad_norm = _clip_grad_norm(model, cfg.max_grad_norm)
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
             skips += nonfinite_streak > 0
@@ -281,11 +299,12 @@ def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float
 
 
 def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int,
-                        temperature: float, autocast):
+                        temperature: float, autocast, backward: bool = True):
     """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
     each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
     many passes (DDP syncs on the last, FSDP gathers parameters on each, the policy's and the sharded
-    reference's): a rank with fewer micro-batches runs zero-loss passes of one pad token instead."""
+    reference's): a rank with fewer micro-batches runs zero-loss passes of one pad token instead (forward
+    only with `backward` False)."""
     chunks = micro_batches([len(s.prompt_ids) + len(s.response_ids) for s in mb], cfg.micro_batch_tokens)
     n_passes = world.all_max(len(chunks))
     for c in range(n_passes):
@@ -297,8 +316,30 @@ def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, wor
             batch = collate([[pad_id]], [[pad_id]], pad_id).to(next(model.parameters()).device)
             with autocast:
                 logp, _ = token_logprobs(model, batch, temperature)
-                _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
-            (logp.sum() * 0.0).backward()
+                if backward:
+                    _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
+            if backward:
+                (logp.sum() * 0.0).backward()
+
+
+@torch.no_grad()
+def _recompute_old(model, ref_model, minis: list[list[Sample]], cfg: GRPOConfig, world, pad_id: int,
+                   temperature: float, autocast) -> dict[int, list[float]]:
+    """log π_old(y_t) of every turn-sample (by id) from the trainer's weights before the first step, over the
+    same micro-batches as the update's passes (every rank runs as many: DDP and FSDP forwards are
+    collectives)."""
+    out, device = {}, next(model.parameters()).device
+    for mb in minis:
+        passes = _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast,
+                                     backward=False)
+        for chunk in passes:
+            batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id).to(device)
+            allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
+            with autocast:
+                logp, _ = token_logprobs(model, batch, temperature, allowed=allowed)               # (B, R)
+            for row, s in enumerate(chunk):
+                out[id(s)] = logp[row, :len(s.response_ids)].float().tolist()
+    return out
 
 
 def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, allowed, logp):
@@ -336,25 +377,14 @@ def _add_stats(sums: dict, terms: dict, mask, sd_mask, sampled, logp) -> None:
     sums["sd_tokens"] += float(sd_mask.sum())
 
 
-def _can_measure_terms(cfg: GRPOConfig, model) -> bool:
-    """--grpo.term-grad-norms, and not under FSDP (its gradients are sharded)."""
-    return cfg.term_grad_norms and not hasattr(model, "unshard")
+
+def ref_dtype(cfg: GRPOConfig, device: torch.device) -> torch.dtype:
+    """The KL reference's weight dtype (--grpo.ref-dtype)."""
+    if cfg.ref_dtype == "auto":
+        return torch.bfloat16 if cfg.bf16 and device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.ref_dtype)
 
 
-def _record_term_norms(sums: dict, term_grads: dict | None) -> None:
-    """The measured mini-batch's ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ into `sums`."""
-    for name, grads in (term_grads or {}).items():
-        sums[f"grad_norm_{name}"] = float(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
-    sums["grad_norm_measured"] += 1.0 if term_grads else 0.0
-
-
-def _measured_mini_batch(mini_batches: list[list[Sample]]) -> int:
-    """Where the term gradient norms are measured: the first mini-batch with distilled turns and a non-zero
-    advantage (the first ones often hold only all-fail groups, with neither), else the first with distilled
-    turns, else the first."""
-    has_sd = [any(s.teacher_logprobs is not None for s in mb) for mb in mini_batches]
-    both = [h and any(s.advantage != 0 for s in mb) for h, mb in zip(has_sd, mini_batches)]
-    return next((m for m, b in enumerate(both) if b), next((m for m, h in enumerate(has_sd) if h), 0))
 
 
 def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: int, streak: int) -> dict:
@@ -390,12 +420,14 @@ def _clip_grad_norm(model, max_norm: float) -> float:
 
 def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GRPOConfig, world) -> int:
     """optimizer.step() when the mini-batch's loss and gradient norm are finite on every rank (returns 0);
-    else drop the gradients, skip the step and return streak + 1, stopping the run when that reaches
-    cfg.max_nonfinite_steps (before anything is saved: the weights and optimizer state stay finite)."""
+    else skip the step and return streak + 1, stopping the run when that reaches cfg.max_nonfinite_steps
+    (before anything is saved: the weights and optimizer state stay finite). Either way the gradients are
+    freed (set to None): none lives on through the next rollout."""
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     bad = bool(world.all_max(int(not finite)))  # every rank takes the same decision (the loss is per rank)
     if not bad:
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return 0
     optimizer.zero_grad(set_to_none=True)
     if streak + 1 >= cfg.max_nonfinite_steps:  # on every rank (the decision is shared); rank 0 says it
@@ -405,15 +437,3 @@ def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GR
                          f"stops here without saving (limit: --grpo.max-nonfinite-steps "
                          f"{cfg.max_nonfinite_steps})")
     return streak + 1
-
-
-def _add_term_grads(acc: dict, model, terms: dict, mask, norm: float, sd_weight: float) -> None:
-    """Add this micro-batch's ∇L_GRPO (the PPO term) and ∇(λ·L_SD), each as it enters the loss, to `acc` (by
-    autograd.grad on the graph the real backward then uses: measurement only, nothing goes into .grad). Costs
-    two extra backward passes per micro-batch of the step's first mini-batch and two parameter-sized
-    buffers."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for name, term in (("grpo", terms["pg_loss"]), ("sd", sd_weight * terms["sd_loss"])):
-        grads = torch.autograd.grad((term * mask).sum() / norm, params, retain_graph=True, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
-        acc[name] = grads if name not in acc else [a + g for a, g in zip(acc[name], grads)]

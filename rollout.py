@@ -28,8 +28,10 @@ from records import Step, Trajectory, Turn
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
-    """generation engine: transformers generate (hf) or vLLM (vllm)"""
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    """generation engine: transformers generate (hf) or vLLM (vllm); auto = vllm where CUDA and vllm are
+    present and decoding is free (restricted decoding runs on hf only), else hf (config.resolve; the banner
+    says which and why)"""
     tasks_per_step: int = 16
     """task groups per step (verl-agent: 16)"""
     group_size: int = 8

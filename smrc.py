@@ -57,6 +57,7 @@ from scale.checkpoint import (initial_weights, latest_checkpoint, load_trainer_s
                               seed_step, set_aside_newer)
 from scale.distributed import World, init_distributed, print0
 from scale.memory import Memory, return_freed_memory
+from scale.memory_plan import check_fits
 from scale.monitor import Validation, log_step, save_best, validate
 from scale.preflight import check_model, open_run, validate_config
 from scale.run_logs import archive_rows, trim_logs
@@ -83,6 +84,7 @@ class Setup:
     bank: router.ReferenceBank
     start: int                    # the first step to run (the checkpoint's step on --resume)
     engine: object                # HFEngine or VLLMEngine
+    teacher: teacher.TeacherConfig  # --teacher.*, with the candidate-gain diagnostic's auto decided
     validation: Validation | None = None  # the fixed validation panel and its settings (--eval-every)
     replay_env: object = None     # env without a step limit for planner references, made on first use
     nonfinite: int = 0            # optimizer steps skipped in a row (non-finite loss or grad norm); saved
@@ -199,13 +201,14 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
         resolve(cfg.model)
     world.barrier()
     model_path = resolve(cfg.model)
+    check_fits(cfg, model_path, world.device, world.world_size)  # CUDA: the memory plan fits the GPU
     if cfg.resume and ckpt is None:
         print0(world, f"[resume] no checkpoint in {out}; starting from step 0")
     model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
     ref_model = None
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
-        ref_model.requires_grad_(False)
+        ref_model.requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))  # bf16 on CUDA
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
         if world.device.type == "cpu":  # the resident size then follows the live tensors (scale/memory.py)
@@ -235,8 +238,10 @@ def setup(cfg: Config, world: World, tasks: tuple[list[envs.Task], list[envs.Tas
                             cfg.steps)
     config = None if ckpt else {**dataclasses.asdict(cfg), "resolved": cfg.resolved()}  # a resume keeps it
     trackers = Trackers(cfg.log_with if world.is_main else (), out, config, start)
+    n_params = sum(p.numel() for p in model.parameters())
     return Setup(train_tasks=tasks[0], model=model, tokenizer=tokenizer, ref_model=ref_model,
                  optimizer=optimizer, bank=bank, start=start, engine=engine, validation=validation,
+                 teacher=teacher.resolved(cfg.teacher, n_params, grpo.MEASURE_MAX_PARAMS),
                  nonfinite=guards["nonfinite_streak"], memory=Memory(world.device), trackers=trackers)
 
 
@@ -278,7 +283,8 @@ def train(cfg: Config, world: World, pool: EnvPool, tasks: tuple[list, list], ck
     print0(world, f"[smrc] {cfg.algo}: matcher={cfg.router.matcher} context={cfg.router.context} "
                   f"L_SD={cfg.grpo.sd_loss} lambda={cfg.grpo.sd_coef:g}{oracle} | "
                   f"{len(run.train_tasks)} train tasks | {millions:.2f}M "
-                  f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps}")
+                  f"params on {world.device} x{world.world_size} | steps {run.start}->{cfg.steps} | "
+                  f"engine {cfg.engines()}")
     if cfg.algo != "grpo" and cfg.preset == "none" and cfg.grpo.sd_coef == grpo.SD_COEF[cfg.grpo.sd_loss]:
         print0(world, f"[smrc] lambda {cfg.grpo.sd_coef:g} = {cfg.grpo.sd_loss}'s default; to set it for "
                       "this model: `python analysis/lambda_pilot.py` (README, 'Setting λ')")
@@ -334,7 +340,7 @@ def train_step(cfg: Config, world: World, pool: EnvPool, run: Setup, step: int) 
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
     at("teacher")
     with run.memory.phase("teacher"):
-        sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher,
+        sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, run.teacher,
                                            teacher_logprob_fn(cfg, run))
     # 6. GRPO advantages per task group (turn.advantage)
     set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)

@@ -31,11 +31,13 @@ space):
 where y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (same over-length rule), same
 loss.
 
-Diagnostic (`--teacher.candidate-gain`, on by default): sd/candidate_gain = log π_T(c) − log π_θ(c) of the
-candidate response on distilled turns (`candidate_gain`), two extra scoring passes over those turns (the
-teacher's is skipped with the oracle), timed apart (sd/candidate_gain_time_s).
+Diagnostic (`--teacher.candidate-gain`, auto: on below 100M parameters): sd/candidate_gain = log π_T(c) −
+log π_θ(c) of the candidate response on distilled turns (`candidate_gain`), two extra scoring passes over
+those turns (the teacher's is skipped with the oracle), timed apart (sd/candidate_gain_time_s). At scale it
+is off: the teacher then makes one pass per distilled turn.
 """
 
+import dataclasses
 import math
 import time
 from contextlib import nullcontext
@@ -56,9 +58,9 @@ ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, th
 
 @dataclass
 class TeacherConfig:
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["auto", "hf", "vllm"] = "auto"
     """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout
-    engine"""
+    engine; auto = as --rollout.engine auto decides"""
     max_prompt_tokens: int = 8192
     """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never
     truncate"""
@@ -68,9 +70,18 @@ class TeacherConfig:
     """oracle-teacher control: α > 0 replaces the model teacher (no forward) by (1−α)·π_student +
     α·δ_candidate on the same routed turns (teacher.py); needs a matcher whose matches carry a candidate (not
     `every`)"""
-    candidate_gain: bool = True
+    candidate_gain: Literal["auto", "on", "off"] = "auto"
     """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled
-    turns): two extra scoring passes over those turns' candidates (one with the oracle)"""
+    turns): two extra scoring passes over those turns' candidates (one with the oracle); auto = on below 100M
+    parameters (grpo.MEASURE_MAX_PARAMS), where the teacher's cost does not matter, resolved by `resolved`"""
+
+
+def resolved(cfg: TeacherConfig, n_params: int, max_params: int) -> TeacherConfig:
+    """`cfg` with --teacher.candidate-gain auto decided for a model of `n_params` parameters (on below
+    `max_params`)."""
+    if cfg.candidate_gain != "auto":
+        return cfg
+    return dataclasses.replace(cfg, candidate_gain="on" if n_params < max_params else "off")
 
 
 def teacher_user_text(context: router.TeacherContext, user_text: str) -> str:
@@ -188,7 +199,7 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(t.response_ids) for t, _ in distilled)})
     stats.update(candidate_split([t for t, _ in distilled]))
-    if cfg.candidate_gain:
+    if cfg.candidate_gain in ("on", "auto", True):  # auto: smrc resolves it by model size (`resolved`)
         stats.update(candidate_gain(distilled, tokenizer, cfg, logprob_fn))
     return stats
 

@@ -36,7 +36,8 @@ TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Settin
 PILOT_SD_COEF = 0.01
 PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.89–1.25 (10–90%) over the v21 sweep's runs,
                   # 0.86–1.77 from 5 steps (docs/results.md, "Setting λ: the evidence")
-PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume")
+PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume",
+              "--grpo.term-grad-norms")
 
 
 def run_strength(rows: list[dict]) -> tuple[float, float, float]:
@@ -142,7 +143,8 @@ def run_pilot(steps: int, out: Path, launcher: str, flags: list[str]) -> None:
         raise SystemExit(f"error: the pilot sets {', '.join(owned)} itself; "
                          "leave it out of the smrc.py flags")
     cmd = [*shlex.split(launcher), "smrc.py", *flags, "--steps", str(steps), "--grpo.sd-coef",
-           str(PILOT_SD_COEF), "--output-dir", str(out), "--save-every", str(steps), "--eval-every", "0"]
+           str(PILOT_SD_COEF), "--output-dir", str(out), "--save-every", str(steps), "--eval-every", "0",
+           "--grpo.term-grad-norms", "on"]  # what it reads (auto is off from 100M parameters)
     print("[pilot] " + shlex.join(cmd), flush=True)
     rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent).returncode
     if rc:

@@ -52,6 +52,7 @@ from environments.alfworld import AlfworldConfig  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
 from models import HFEngine, SamplingConfig  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
+from scale import memory_plan  # noqa: E402
 from scale.memory import Memory, peak_bytes, reset_peak  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
@@ -165,7 +166,8 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
     """smrc.setup's pieces around a model built in memory (nothing to load); SMRC-SD's bank gets the planner's
     solutions of every train game."""
     model = build_model(args.arch, tok, world.device, args.seed)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.grpo.kl_coef > 0 else None
+    ref_model = (copy.deepcopy(model).eval().requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))
+                 if cfg.grpo.kl_coef > 0 else None)
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
     s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok,
@@ -174,6 +176,8 @@ def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
                    bank=router.ReferenceBank(cfg.router.archive_size), start=0,
                    engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
                                    bf16=cfg.grpo.bf16),
+                   teacher=teacher.resolved(cfg.teacher, sum(p.numel() for p in model.parameters()),
+                                            grpo.MEASURE_MAX_PARAMS),
                    memory=Memory(world.device))
     if cfg.algo != "grpo":  # the random policy never wins: the planner's solutions are the references
         for ref in smrc.planner_references(cfg, s, s.train_tasks):
@@ -211,8 +215,14 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     # each phase resets the peak
     phase_peaks = [v for r in rows for k, v in r.items() if k.startswith("mem/")]
+    gpu_gib = (torch.cuda.get_device_properties(world.device).total_memory / 2**30
+               if world.device.type == "cuda" else 0.0)
     result = {"rows": rows, "steps": steps,
               "peak_mem_gib": max([peak_bytes(world.device) / 2**30, *phase_peaks]),
+              "mem_vs_plan": {ph: (max(r.get(f"mem/{ph}_peak_gb", 0.0) for r in rows), sum(parts.values()))
+                              for ph, parts in memory_plan.plan(cfg, memory_plan.arch_of(
+                                  s.model.config.to_dict(), args.arch), world.device.type == "cuda",
+                                  gpu_gib)["phases"].items()},
               "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model),
               "params": sum(p.numel() for p in s.model.parameters())}
     del s
@@ -239,7 +249,8 @@ def summarise(result: dict) -> dict:
             "ms_per_generate_forward": 1000 * times["generate"] / max(gen_calls, 1),
             "distilled_turns": mean(lambda r, c: r["sd/distilled_turns"]),
             "trained_tokens": last["trained_tokens"], "turns": mean(lambda r, c: r["rollout/turns"]),
-            "peak_mem_gib": result["peak_mem_gib"], "grad_checkpointing": result["grad_checkpointing"]}
+            "peak_mem_gib": result["peak_mem_gib"], "grad_checkpointing": result["grad_checkpointing"],
+            "mem_vs_plan": result["mem_vs_plan"]}
 
 
 def report(args, device: torch.device, results: dict, workers: int) -> dict:
@@ -262,6 +273,11 @@ def report(args, device: torch.device, results: dict, workers: int) -> dict:
         extra = f" (+{total_b:.2f} recompute: gradient checkpointing)" if s["grad_checkpointing"] else ""
         print(f"{a:<9} {cells}  | total {total_f:.2f} forward + {total_b:.2f} backward{extra} "
               f"[{s['trained_tokens']} tokens]")
+    print("\npeak memory per phase, GiB: measured (mem/*, the steps' largest) beside the plan "
+          "(scale/memory_plan.py, steady state)")
+    for a, s in summary.items():
+        print(f"{a:<9} " + "  ".join(f"{ph} {got:.2f} / plan {want:.2f}"
+                                     for ph, (got, want) in s["mem_vs_plan"].items()))
     if "grpo" in summary and "smrc-sd" in summary:
         ratio = summary["smrc-sd"]["times"]["step"] / summary["grpo"]["times"]["step"]
         print(f"\nstep time ratio smrc-sd/grpo = {ratio:.3f}")

@@ -57,6 +57,8 @@ def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
     unknown = [f"{where}{k}" for k in values if k not in names]
     for name in names & set(values):
         cur, v = getattr(obj, name), values[name]
+        if isinstance(cur, str) and isinstance(v, bool):  # a switch that became auto / on / off
+            v = "on" if v else "off"
         if not _same_kind(cur, v):
             raise ValueError(f"{where}{name} is {v!r}, where a {type(cur).__name__} belongs")
         if dataclasses.is_dataclass(cur):

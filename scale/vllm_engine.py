@@ -16,8 +16,10 @@
   manager returns no cached blocks for it, since the log-probs of cached positions would not be computed), so
   several turns of one episode scored against the same reference re-prefill the shared reference context.
   Passing the flag explicitly would change nothing there.
-- `sleep()` frees vLLM's GPU memory before the update (level-1 sleep: weights offloaded to host memory, KV
-  cache dropped); `sync_weights` wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
+- `sleep()` frees vLLM's GPU memory before the update (level-2 sleep: weights and KV cache dropped, not
+  copied to host memory, since `sync_weights` reloads every weight anyway; vLLM keeps the buffers, e.g. rotary
+  tables, and restores them on wake); `sync_weights` empties torch's CUDA cache (the update's freed blocks),
+  then wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
 - `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the
   trainer's log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
 
@@ -172,8 +174,9 @@ class VLLMEngine:
     def sync_weights(self, model) -> float:
         """Load the trainer's current weights into vLLM in place; returns the seconds it took."""
         t0 = time.perf_counter()
-        # wake the weights first and the KV cache after, so both never sit beside the gathered copy
+        # wake the weights first and the KV cache after, into the memory the update's cached blocks held
         if self.asleep:
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         with torch.no_grad():  # one tensor at a time in the engine's dtype (in-process: the generator itself)
             self.llm.collective_rpc("reload_weights",
@@ -185,9 +188,9 @@ class VLLMEngine:
         return time.perf_counter() - t0
 
     def sleep(self) -> None:
-        """Before the update: offload vLLM's weights to host memory and drop its KV cache (no-op on CPU)."""
+        """Before the update: drop vLLM's weights (the next sync reloads them) and KV cache (no-op on CPU)."""
         if self.sleep_enabled and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
             self.asleep = True
 
     def shutdown(self) -> None:

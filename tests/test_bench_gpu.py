@@ -19,10 +19,13 @@ def test_gpu_benchmark_runs_on_cpu_with_the_tiny_architecture(tmp_path, capsys):
                         "--json", str(tmp_path / "s.json")])
     out = capsys.readouterr().out
     assert "step time ratio smrc-sd/grpo" in out and "passes per trained token" in out
+    assert "beside the plan" in out
     assert (tmp_path / "s.json").exists()
     for algo in ("grpo", "smrc-sd"):
         s = summary[algo]
         assert s["trained_tokens"] > 0 and s["peak_mem_gib"] > 0 and s["tokens_per_s"] > 0
+        assert set(s["mem_vs_plan"]) == {"rollout", "teacher", "update"}  # measured mem/* beside the plan
+        assert all(got > 0 and plan > 0 for got, plan in s["mem_vs_plan"].values())
         t = s["times"]  # the phases are disjoint parts of the step's wall time
         assert t["generate"] > 0 and t["update"] > 0 and t["reference"] > 0
         assert t["generate"] + t["teacher"] + t["update"] <= t["step"]

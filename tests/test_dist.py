@@ -19,7 +19,7 @@ import torch.distributed as td
 import torch.multiprocessing as tmp_mp
 
 import grpo
-from fakes import sample
+from fakes import GradRecorder, sample
 from grpo import GRPOConfig
 from scale.distributed import World, close, init_distributed
 
@@ -40,10 +40,10 @@ def _samples():
 
 
 def _grads(model, samples, world=None):
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    opt = GradRecorder(model.parameters())
     cfg = GRPOConfig(kl_coef=0.0, max_grad_norm=1e9, sd_loss="reverse-kl", sd_coef=1.0)
     grpo.update(model, opt, samples, cfg, pad_id=0, world=world)
-    return torch.cat([p.grad.flatten() for p in grpo_module(model).parameters()])
+    return torch.cat([p.last_grad.flatten() for p in grpo_module(model).parameters()])
 
 
 def grpo_module(model):

@@ -193,7 +193,13 @@ PARSE_TABLE = [  # (text, require_think, valid, reason, expected action;
     ("", True, False, "empty", None),
     ("   \n", False, False, "empty", None),
     ("<think>a</think><action>  </action>", True, False, "empty", None),
-    ("<action>look</action><action>inventory</action>", False, False, "multiple_actions", None),
+    # Qwen3-style outputs, projected as verl-agent does: the first block counts, later ones are ignored
+    ("<action>look</action><action>inventory</action>", False, True, "ok", "look"),
+    ("<think>answer as <action>go to X</action>; the fridge</think>\n<action>go to fridge 1</action>", True,
+     True, "ok", "go to x"),
+    ("<think>the fridge is closed</think>\n<action>open fridge 1</action>\n<action>take apple</action>", True,
+     True, "ok", "open fridge 1"),
+    ("<think>the fridge is closed, so I will op", True, False, "missing_action_tags", None),  # cut short
     ("<think>我想</think><action>look</action>", True, False, "cjk", None),
     ("<think>ok</think><action>look</action> 我", True, False, "cjk", None),
     ("X" * 40 + "<action>LOOK", False, False, "missing_action_tags", None),

@@ -11,7 +11,7 @@ import torch
 
 import grpo
 import models
-from fakes import sample
+from fakes import GradRecorder, first_mini_batch_ratios, sample
 from grpo import TokenTerms, grpo_advantages, loss_terms
 
 
@@ -132,10 +132,10 @@ def test_micro_batch_accumulation_equals_one_big_batch(tiny):
     grads = []
     for budget in (10_000, 20):
         m = copy.deepcopy(model)
-        opt = torch.optim.SGD(m.parameters(), lr=0.0)  # lr 0: compare the accumulated gradients only
+        opt = GradRecorder(m.parameters())  # lr 0: compare the accumulated gradients only
         grpo.update(m, opt, samples, GRPOConfig(kl_coef=0.0, micro_batch_tokens=budget, max_grad_norm=1e9),
                     pad_id=tok.pad_token_id)
-        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+        grads.append(torch.cat([p.last_grad.flatten() for p in m.parameters() if p.last_grad is not None]))
     # the small budget really splits
     assert models.micro_batches([8, 15, 19, 12, 17], 20) != [[0, 1, 2, 3, 4]]
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
@@ -275,8 +275,8 @@ def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():
     for norm in ("all", "distilled"):
         m = ToyLM()
         cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, sd_norm=norm)
-        grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), samples, cfg, pad_id=0)
-        grads[norm] = m.logits.grad.clone()
+        grpo.update(m, GradRecorder(m.parameters()), samples, cfg, pad_id=0)
+        grads[norm] = m.logits.last_grad.clone()
     assert grads["all"].abs().sum() > 0
     assert torch.allclose(grads["distilled"], grads["all"] * 5 / 2, rtol=1e-5)
     # by hand for `all`: Σ over the 2 distilled tokens of (log π_θ − log π_T)·∇log π_θ(y) / 5,
@@ -308,13 +308,13 @@ def test_reverse_kl_gradient_with_oracle_teacher_logprobs_by_hand(alpha):
     assert T == pytest.approx([math.log(p1), math.log(p2)])
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9)
-    grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0),
-                [sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg, pad_id=0)
+    grpo.update(m, GradRecorder(m.parameters()), [sample([1], [0, 3], 0.0, [math.log(0.2)] * 2, T)], cfg,
+                pad_id=0)
     pi = torch.full((5,), 0.2)
     expected = ((math.log(0.2) - math.log(p1)) * (_onehot(0) - pi)
                 + (math.log(0.2) - math.log(p2)) * (_onehot(3) - pi)) / 2
-    assert torch.allclose(m.logits.grad, expected, atol=1e-6)
-    assert (m.logits.grad.abs().max() < 1e-6) == (alpha == 0.0)
+    assert torch.allclose(m.logits.last_grad, expected, atol=1e-6)
+    assert (m.logits.last_grad.abs().max() < 1e-6) == (alpha == 0.0)
 
 
 @pytest.mark.parametrize("cap", [math.inf, 1.2])  # untruncated, and truncated at 1.2
@@ -406,3 +406,46 @@ def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
     assert both["actor/grad_norm_grpo"] == pytest.approx(alone_pg["actor/grad_norm"], rel=1e-5)
     assert both["actor/grad_norm_sd"] == pytest.approx(alone_sd["actor/grad_norm"], rel=1e-5)
     assert both["actor/grad_norm_grpo"] > 0 and both["actor/grad_norm_sd"] > 0
+
+
+def test_the_update_frees_every_gradient_after_its_steps(tiny):
+    """No gradient outlives the update (it would sit through the next rollout, a parameter-sized buffer):
+    after each optimizer step the gradients are set to None, also after a step skipped as non-finite."""
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    samples = [sample([5, 6, 7], [8, 9], a, [-7.0, -7.0]) for a in (1.0, -1.0, 0.5, -0.5)]
+    grpo.update(m, torch.optim.AdamW(m.parameters(), lr=1e-3), samples,
+                GRPOConfig(kl_coef=0.0, mini_batch_size=2), pad_id=tok.pad_token_id)
+    assert all(p.grad is None for p in m.parameters())
+
+
+@pytest.mark.parametrize("mode", ["recompute", "sampler"])
+def test_recomputed_old_logprobs_make_the_first_mini_batch_ratio_exactly_one(tiny, monkeypatch, mode):
+    """Sampling log-probs 0.01 off the trainer's (a sampler's kernels and precision), two mini-batches (so π_old
+    is not this forward's): recomputed by the trainer, the first mini-batch's ratio is exactly 1 on every
+    token; the sampler's give ratios of e^0.01. The gap is logged either way (lr 0: the weights stay the
+    sampler's but for the offset)."""
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    prompts, responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]], [[20, 21], [22, 23, 24], [25], [26, 27]]
+    true = [lp for lp in _plain_logprobs(m, prompts, responses, tok.pad_token_id)]
+    samples = [sample(p, r, a, [x - 0.01 for x in lp]) for p, r, a, lp in zip(prompts, responses,
+                                                                             (1.0, -1.0, 0.5, -0.5), true)]
+    cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=2, old_logprobs=mode)
+    out = {}
+    ratios = first_mini_batch_ratios(monkeypatch, grpo, lambda: out.update(grpo.update(
+        m, torch.optim.SGD(m.parameters(), lr=0.0), samples, cfg, pad_id=tok.pad_token_id)))
+    ratios = torch.cat(ratios)
+    assert ratios.numel() > 0
+    if mode == "recompute":
+        assert torch.equal(ratios, torch.ones_like(ratios))
+    else:
+        assert torch.allclose(ratios, torch.full_like(ratios, math.exp(0.01)), atol=1e-5)
+    assert out["actor/rollout_logprob_gap"] == pytest.approx(0.01, abs=1e-5)
+
+
+def _plain_logprobs(model, prompts, responses, pad_id):
+    batch = models.collate(prompts, responses, pad_id)
+    with torch.no_grad():
+        logp, _ = models.token_logprobs(model, batch, 1.0)
+    return [logp[i, :len(r)].tolist() for i, r in enumerate(responses)]

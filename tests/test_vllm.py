@@ -204,3 +204,26 @@ def test_evaluate_with_the_vllm_engine_refuses_restricted_decoding(tmp_path):
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "error: --engine vllm generates freely" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_recomputed_old_logprobs_on_vllm_turns_make_the_first_ratio_exactly_one(engine, tiny, monkeypatch):
+    """Turns sampled by vLLM (its kernels: log-probs within 1e-4 of the trainer's, not equal), updated in two
+    mini-batches with --grpo.old-logprobs recompute (what auto picks under vLLM): the first mini-batch's
+    ratio is exactly 1 on every token; with the sampler's log-probs it is not."""
+    import grpo
+    from fakes import first_mini_batch_ratios, sample
+    model, tok = tiny
+    prompts = [models.chat_ids(tok, t) for t in TEXTS + ["look", "inventory"]]
+    engine.sync_weights(model)
+    gens = engine.generate(prompts)
+    samples = [sample(p, g.response_ids, a, g.logprobs) for p, g, a in zip(prompts, gens, (1, -1, .5, -.5, 0))]
+    spread = {}
+    for mode in ("recompute", "sampler"):
+        m = copy.deepcopy(model)
+        cfg = grpo.GRPOConfig(kl_coef=0.0, mini_batch_size=2, old_logprobs=mode)
+        ratios = first_mini_batch_ratios(monkeypatch, grpo, lambda: grpo.update(
+            m, torch.optim.SGD(m.parameters(), lr=0.0), samples, cfg, pad_id=tok.pad_token_id))
+        monkeypatch.undo()
+        spread[mode] = float((torch.cat(ratios) - 1).abs().max())
+    print(f"max |ratio - 1| on the first mini-batch: {spread}")
+    assert spread["recompute"] == 0.0 and 0.0 < spread["sampler"] < 1e-3

