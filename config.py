@@ -137,11 +137,10 @@ def resolve(cfg: Config) -> Config:
     cfg.router.matcher = MATCHER_ALIASES.get(cfg.router.matcher, cfg.router.matcher)
     if cfg.router.history_window is None:  # h of the history matcher: the prompt's
         cfg.router.history_window = cfg.env_cfg.history_length
-    if "auto" in (cfg.rollout.engine, cfg.teacher.backend):
-        engine, why = auto_engine(cfg)
-        cfg.rollout.engine = engine if cfg.rollout.engine == "auto" else cfg.rollout.engine
-        cfg.teacher.backend = engine if cfg.teacher.backend == "auto" else cfg.teacher.backend
-        cfg._engine_why = why  # for the banner and config.json's resolved block (not a flag)
+    if cfg.rollout.engine == "auto":
+        cfg.rollout.engine, cfg._engine_why = auto_engine(cfg)  # the why: for the banner (not a flag)
+    if cfg.teacher.backend == "auto":  # the rollout engine scores (vLLM: prompt log-probs on the same one)
+        cfg.teacher.backend = cfg.rollout.engine
     if cfg.grpo.old_logprobs == "auto":
         cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form

@@ -121,3 +121,24 @@ def test_a_paper_config_runs_a_step_with_the_tiny_model_and_cpu_overrides(tmp_pa
     assert saved["config"].endswith("smrc_sd_qwen3_1.7b.yaml") and saved["alfworld"]["source"] == "official"
     assert saved["rollout"]["max_prompt_tokens"] == 2048 and saved["model"] == "tiny-agent-quick"
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+@pytest.mark.parametrize("cuda, vllm, flags, engine, why", [
+    (True, True, [], "vllm", "CUDA and vllm are present"),
+    (True, False, [], "hf", "vllm is not installed"),
+    (False, True, [], "hf", "no CUDA device"),
+    (True, True, ["--preset", "tiny"], "hf", "restricted decoding"),
+    (True, True, ["--rollout.engine", "hf"], "hf", "")])  # given: no why; the teacher follows it
+def test_engine_auto_picks_vllm_where_it_runs_and_says_why(monkeypatch, cuda, vllm, flags, engine, why):
+    """--rollout.engine / --teacher.backend auto (the defaults): vLLM with CUDA, vllm importable and free
+    decoding, else the transformers engine; the banner's text says why; π_old is recomputed under vLLM."""
+    import importlib.util
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if vllm else None)
+                        if name == "vllm" else real_find(name, *a))
+    cfg = parse_config(flags)
+    assert (cfg.rollout.engine, cfg.teacher.backend) == (engine, engine)
+    assert cfg.engines().startswith(f"{engine}, teacher {engine}") and why in cfg.engines()
+    assert cfg.grpo.old_logprobs == ("recompute" if engine == "vllm" else "sampler")

@@ -216,11 +216,13 @@ def test_recomputed_old_logprobs_on_vllm_turns_make_the_first_ratio_exactly_one(
     prompts = [models.chat_ids(tok, t) for t in TEXTS + ["look", "inventory"]]
     engine.sync_weights(model)
     gens = engine.generate(prompts)
-    samples = [sample(p, g.response_ids, a, g.logprobs) for p, g, a in zip(prompts, gens, (1, -1, .5, -.5, 0))]
+    samples = [sample(p, g.response_ids, a, g.logprobs)
+               for p, g, a in zip(prompts, gens, (1, -1, .5, -.5, 0))]
     spread = {}
     for mode in ("recompute", "sampler"):
         m = copy.deepcopy(model)
-        cfg = grpo.GRPOConfig(kl_coef=0.0, mini_batch_size=2, old_logprobs=mode)
+        cfg = grpo.GRPOConfig(kl_coef=0.0, mini_batch_size=2, old_logprobs=mode, sd_loss="reverse-kl",
+                              sd_coef=1.0)
         ratios = first_mini_batch_ratios(monkeypatch, grpo, lambda: grpo.update(
             m, torch.optim.SGD(m.parameters(), lr=0.0), samples, cfg, pad_id=tok.pad_token_id))
         monkeypatch.undo()
