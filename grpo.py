@@ -136,12 +136,16 @@ def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = Tr
     Convention (verl-agent's `compute_mean_std_cross_steps=True`): the statistics pool all turn-samples of all
     trajectories of a task group, so a long trajectory weighs as many times as it has turns. We keep it
     because it is what the paper's GRPO baseline runs. σ is the unbiased std; a group of one sample gets μ=0,
-    σ=1.
+    σ=1. A group whose scores are all equal gets advantages of exactly 0 (the mean of equal floats is not
+    always exact: (s − μ)/(σ + ε) would give ±1e-11, a GRPO gradient that is noise, not signal).
     """
     s = torch.tensor(scores, dtype=torch.float64)
     adv = torch.empty_like(s)
     for g in dict.fromkeys(group_ids):
         idx = torch.tensor([i for i, gi in enumerate(group_ids) if gi == g])
+        if len(idx) > 1 and bool((s[idx] == s[idx][0]).all()):
+            adv[idx] = 0.0
+            continue
         mu, sigma = (s[idx].mean(), s[idx].std()) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
         adv[idx] = (s[idx] - mu) / (sigma + eps) if norm_by_std else s[idx] - mu
     return adv.tolist()
@@ -403,9 +407,9 @@ def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: 
     g_pg, g_sd = (math.nan, math.nan) if not n_gn else (sums["grad_norm_grpo"] / n_gn,
                                                          sums["grad_norm_sd"] / n_gn)
     out.update({"actor/grad_norm_grpo": g_pg, "actor/grad_norm_sd": g_sd,
-                # NaN: no SD term (or nothing measured); inf: an SD gradient beside a zero GRPO one
-                "actor/sd_grpo_grad_ratio": (math.nan if not n_sd else g_sd / g_pg if g_pg > 0
-                                             else math.inf if g_sd > 0 else math.nan),
+                # NaN = not measured: no SD term, no measurement, or no GRPO signal to compare with (every
+                # advantage of the measured mini-batch 0: its GRPO gradient is exactly 0)
+                "actor/sd_grpo_grad_ratio": g_sd / g_pg if n_sd and g_pg > 0 else math.nan,
                 "actor/tokens": n_tok,
                 "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
                 "actor/lr": lr, "actor/optimizer_steps": len(grad_norms),

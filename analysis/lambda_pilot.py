@@ -36,15 +36,16 @@ TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Settin
 PILOT_SD_COEF = 0.01
 PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.89–1.25 (10–90%) over the v21 sweep's runs,
                   # 0.86–1.77 from 5 steps (docs/results.md, "Setting λ: the evidence")
+MIN_MEASURED = 3  # steps with both terms measured, below which the pilot suggests no λ
 PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume",
               "--grpo.term-grad-norms")
 
 
 def run_strength(rows: list[dict]) -> tuple[float, float, float]:
     """How hard and how sharp one run's SD term was: the median SD / GRPO gradient-norm ratio over the
-    steps that distilled a turn and where it is finite (inf: the GRPO gradient was 0, every group all-fail or
-    all-win; NaN: no measurement), KL(student ‖ teacher) summed over a distilled turn's tokens averaged over
-    the run's distilled turns, and the share of matched turns with a candidate whose sampled action is the
+    steps that distilled a turn and where it is finite (NaN: not measured, e.g. no GRPO signal, every group
+    all-fail or all-win; inf in rows logged before that was NaN), KL(student ‖ teacher) summed over a
+    distilled turn's tokens averaged over the run's distilled turns, and the share of matched turns with a candidate whose sampled action is the
     candidate. NaN where the run has no such step or turn."""
     ratios = finite_ratios(rows)
     turns = sum(m.get("sd/distilled_turns", 0) for m in rows)
@@ -117,10 +118,11 @@ def recommend(p: Pilot, target: float) -> float:
 
 def report(p: Pilot, target: float) -> list[str]:
     """The printed lines: what was measured, and the λ to use (or why there is none)."""
-    if not p.measured:
-        return [f"error: none of the {p.steps} steps measured both terms (a distilled turn and a non-zero "
-                "GRPO gradient: groups with both successes and failures); run a longer pilot, or check "
-                "that the router matches turns (router/match_rate) and that some groups succeed"]
+    if p.measured < MIN_MEASURED:
+        return [f"error: {p.measured} of the {p.steps} steps measured both terms (a distilled turn and a "
+                f"GRPO signal: groups with both successes and failures); a λ needs at least {MIN_MEASURED}: "
+                "run a longer pilot (--steps), or check that the router matches turns (router/match_rate) "
+                "and that some groups succeed"]
     lo, hi = (target / x for x in p.unit_quartiles[::-1])
     lines = [f"pilot: {p.measured} of {p.steps} steps measured at λ₀ = {p.sd_coef:g}; SD / GRPO gradient "
              f"ratio {p.ratio:.3g}, i.e. {p.unit_ratio:.3g} per unit λ (quartiles {p.unit_quartiles[0]:.3g}–"
@@ -130,8 +132,6 @@ def report(p: Pilot, target: float) -> list[str]:
              f"{p.distilled_share:.0%} of turns distilled",
              f"λ for an SD gradient {target:g} × GRPO's: --grpo.sd-coef {recommend(p, target):.3g} "
              f"(steps' quartiles give {lo:.3g}–{hi:.3g})"]
-    if p.measured < 3:
-        lines.append(f"warning: only {p.measured} steps measured; the median is noisy, run a longer pilot")
     return lines
 
 
@@ -172,7 +172,7 @@ def main(argv: list[str]) -> None:
     pilot = measure(run_dir)
     lines = report(pilot, args.target)
     print("\n".join(lines))
-    if not pilot.measured:
+    if pilot.measured < MIN_MEASURED:
         raise SystemExit(1)
     (run_dir / "lambda_pilot.json").write_text(json.dumps(
         {**asdict(pilot), "target": args.target, "recommended_sd_coef": recommend(pilot, args.target)},

@@ -101,15 +101,15 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
 
 def _sd_text(m: dict) -> str:
     """The SD part of the progress line: 'no turn distilled' on a step without an SD term (GRPO, or no
-    reference yet); the SD/GRPO gradient ratio printed as '–' where the GRPO gradient is 0 (every group
-    all-fail or all-win: no advantage), where the logged value is inf."""
+    reference yet); the SD/GRPO gradient ratio printed as '–' where it was not measured (NaN: no GRPO signal,
+    every group all-fail or all-win; the measurement off, or under FSDP), one rendering everywhere."""
     if not m["sd/distilled_turns"]:
         return "no turn distilled"
     ratio = m.get("actor/sd_grpo_grad_ratio", math.nan)
     return (f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
             f"cand share {m['sd/candidate_sampled_share']:.2f} | "
             f"cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
-            f"grad sd/grpo {'–' if math.isinf(ratio) else f'{ratio:.3f}'}")
+            f"grad sd/grpo {f'{ratio:.3f}' if math.isfinite(ratio) else '–'}")
 
 
 def sd_diagnostics(everyone: list[dict]) -> dict:

@@ -417,3 +417,18 @@ def test_the_update_frees_every_gradient_after_its_steps(tiny):
     grpo.update(m, torch.optim.AdamW(m.parameters(), lr=1e-3), samples,
                 GRPOConfig(kl_coef=0.0, mini_batch_size=2), pad_id=tok.pad_token_id)
     assert all(p.grad is None for p in m.parameters())
+
+
+def test_equal_scores_give_exactly_zero_advantages_and_no_grad_ratio(tiny):
+    """A group whose scores are all equal (a real model's first step: every turn invalid, all −0.1) gets
+    advantages of exactly 0, not ±1e-11; the update's GRPO gradient is then exactly 0 and the SD/GRPO ratio
+    is not measured (NaN, printed '–'), so a λ pilot leaves the step out instead of reading 7.6e8."""
+    assert grpo.grpo_advantages([-0.1] * 6, [0, 0, 0, 1, 1, 1]) == [0.0] * 6
+    assert grpo.grpo_advantages([5.0], ["solo"]) == [pytest.approx(5.0)]  # one sample: μ 0, σ 1, as before
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    samples = [sample([5, 6, 7], [8, 9], 0.0, [-7.0, -7.0], [-6.0, -6.5]) for _ in range(4)]
+    out = grpo.update(m, GradRecorder(m.parameters()), samples, GRPOConfig(kl_coef=0.0, term_grad_norms="on"),
+                      pad_id=tok.pad_token_id)
+    assert out["actor/grad_norm_grpo"] == 0.0 and out["actor/grad_norm_sd"] > 0
+    assert math.isnan(out["actor/sd_grpo_grad_ratio"])

@@ -71,8 +71,12 @@ def test_what_cannot_be_read_is_one_error(tmp_path, capsys):
     quiet = _run_folder(tmp_path / "quiet", 0.01, [_step(math.inf), _step(math.nan)])
     with pytest.raises(SystemExit) as stop:
         lambda_pilot.main([str(quiet)])
-    assert stop.value.code == 1 and "none of the 2 steps measured both terms" in capsys.readouterr().out
+    assert stop.value.code == 1 and "0 of the 2 steps measured both terms" in capsys.readouterr().out
     assert not (quiet / "lambda_pilot.json").exists()
+    few = _run_folder(tmp_path / "few", 0.01, [_step(0.02), _step(0.04), _step(math.nan), _step(math.nan)])
+    with pytest.raises(SystemExit):  # too few measured steps for a λ: it says how many had both terms
+        lambda_pilot.main([str(few)])
+    assert "2 of the 4 steps measured both terms" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="sets --steps, --grpo.sd-coef itself"):
         lambda_pilot.main(["--", "--steps", "3", "--grpo.sd-coef=0.1"])
 
