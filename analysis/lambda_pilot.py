@@ -45,8 +45,8 @@ def run_strength(rows: list[dict]) -> tuple[float, float, float]:
     """How hard and how sharp one run's SD term was: the median SD / GRPO gradient-norm ratio over the
     steps that distilled a turn and where it is finite (NaN: not measured, e.g. no GRPO signal, every group
     all-fail or all-win; inf in rows logged before that was NaN), KL(student ‖ teacher) summed over a
-    distilled turn's tokens averaged over the run's distilled turns, and the share of matched turns with a candidate whose sampled action is the
-    candidate. NaN where the run has no such step or turn."""
+    distilled turn's tokens averaged over the run's distilled turns, and the share of matched turns with a
+    candidate whose sampled action is the candidate. NaN where the run has no such step or turn."""
     ratios = finite_ratios(rows)
     turns = sum(m.get("sd/distilled_turns", 0) for m in rows)
     gap = sum(m["sd/teacher_minus_student_logp"] * m["sd/distilled_tokens"] for m in rows
