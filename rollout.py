@@ -31,7 +31,7 @@ class RolloutConfig:
     engine: Literal["auto", "hf", "vllm"] = "auto"
     """generation engine: transformers generate (hf) or vLLM (vllm); auto = vllm where CUDA and vllm are
     present and decoding is free (restricted decoding runs on hf only), else hf (config.resolve; the banner
-    says which and why)"""
+    says which and why). vLLM logs warnings only; VLLM_LOGGING_LEVEL=INFO brings its INFO lines back"""
     tasks_per_step: int = 16
     """task groups per step (verl-agent: 16)"""
     group_size: int = 8

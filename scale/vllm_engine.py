@@ -56,7 +56,10 @@ Deviations / simplifications:
    ones).
 3. The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller set it), so a
    weight sync hands vLLM the trainer's tensors without serialising them.
-4. The model's `generation_config.json` is ignored (`generation_config="vllm"`) and EOS is the tokenizer's EOS
+4. vLLM logs warnings and errors only (VLLM_LOGGING_LEVEL=WARNING unless the caller set it): its INFO lines
+   ("Reloading weights inplace", prefix-cache resets) came on every step and rank. `VLLM_LOGGING_LEVEL=INFO
+   python smrc.py ...` brings them back.
+5. The model's `generation_config.json` is ignored (`generation_config="vllm"`) and EOS is the tokenizer's EOS
    only, as in HFEngine (a real Qwen generation config would add `<|endoftext|>` as a second stop token).
 """
 
@@ -78,6 +81,7 @@ def _vllm():
     """Import vllm on first use, in-process mode first (the engine core must live in this process for
     weight sync)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-step INFO lines would bury the progress
     try:
         import vllm
     except ImportError as e:

@@ -106,3 +106,32 @@ def test_webshop_official_without_a_checkout_is_one_line_before_anything_is_writ
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists()
     assert last.startswith("error: --webshop.backend official needs a WebShop checkout")
+
+
+def test_evaluate_follows_a_run_folder_past_a_checkpoint_rotated_away_while_it_loads(run_dir, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """Given a run folder, `eval` takes its newest verified checkpoint; if a run still writing rotates that
+    one away while it loads, the run's next newest verified checkpoint is evaluated instead, and named. The
+    rotation is injected: the first load removes the folder it was given, as `--keep-checkpoints` would."""
+    import shutil
+    import evaluate
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    first = sorted(run.glob("step_*"))[-1]
+    newest = run / f"step_{int(first.name.split('_')[1]) + 1:06d}"
+    shutil.copytree(first, newest)  # a second verified checkpoint (checksums are relative to the folder)
+    real, calls = evaluate.make_engine, []
+
+    def rotating(name, cfg, args):
+        calls.append(name)
+        if len(calls) == 1:
+            shutil.rmtree(name)
+        return real(name, cfg, args)
+    monkeypatch.setattr(evaluate, "make_engine", rotating)
+    evaluate.main(["eval", "--checkpoint", str(run), "--split", "eval", "--k", "1", "--limit", "1",
+                   "--output", str(tmp_path / "ev")])
+    out = capsys.readouterr().out
+    assert calls == [str(newest), str(first)]
+    assert f"{newest} was rotated away by the run still writing into {run}; evaluating its newest verified " \
+           f"checkpoint, {first}" in out
+    assert json.loads((tmp_path / "ev.json").read_text())["rows"][0]["model"] == str(first)
