@@ -95,6 +95,9 @@ class Config:
     counted, not written (0 = no archive)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
+    accept_new_initial_weights: bool = False
+    """on --resume: anchor the KL term to --model's weights as they are now even when their sha256 differs
+    from config.json's record of the run's start (recorded in config.resumes.jsonl); else one error line"""
     memory_check: bool = True
     """on CUDA, before anything loads: refuse to start (one error line) when the memory plan's peak
     (`python bench/memory_plan.py`) exceeds the GPU; --no-memory-check starts anyway"""

@@ -322,7 +322,8 @@ def initial_weights(name: str, path: str) -> dict:
     return {"model": name, "path": path, "sha256": {f.name: sha256(f) for f in files}}
 
 
-def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None) -> None:
+def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None,
+                  note: dict | None = None) -> None:
     """After preflight and the resume checks: a new run (or a resume that found no checkpoint) writes
     config.json (its flags, what they resolved to, and `init`: the weights it starts from, initial_weights).
     A resume never overwrites it: the flags that differ from the resumed checkpoint's smrc_config.json are
@@ -341,7 +342,7 @@ def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None) -
     changed = {k: [saved.get(k), v] for k, v in _flat(values).items()
                if saved.get(k) != v and k not in ("resume", "resume_from")}
     check_same_run(changed, step_of(ckpt), cfg.steps, bool(saved))
-    row = {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed}
+    row = {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed, **(note or {})}
     append_line(out / RESUMES, json.dumps(row))
     print(f"[resume] from {ckpt}; {len(changed)} flags differ from its config (recorded in {out / RESUMES}, "
           f"config.json unchanged): {sorted(changed)}", flush=True)

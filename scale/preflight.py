@@ -225,11 +225,57 @@ def open_run(cfg, world, describe_init=lambda: None):
             prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
         ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None
         if world.is_main:
-            record_config(out, cfg, ckpt, describe_init())
+            init = describe_init()
+            note = check_resume_record(out, cfg, ckpt, init) if ckpt is not None else None
+            record_config(out, cfg, ckpt, init, note)
         yield ckpt
     finally:
         if lock is not None:
             lock.release()
+
+
+def check_resume_record(out: Path, cfg, ckpt: Path, init: dict) -> dict:
+    """On --resume, before the initial model becomes the KL reference again: the run's record holds.
+    - config.json missing or unparsable: one line; it is rewritten from the checkpoint's own smrc_config.json
+      (the run's flags) with what they resolve to now, the damaged file kept beside it (chosen over refusing:
+      the checkpoint holds the whole config, only the initial-weights record is lost, and the line says so).
+    - the initial weights' sha256 differ from config.json's `resolved.initial_weights`: one error line naming
+      the model and both hashes, unless --accept-new-initial-weights (then recorded in config.resumes.jsonl).
+    Returns what goes into the resume's row of config.resumes.jsonl."""
+    path = out / "config.json"
+    try:
+        recorded = json.loads(path.read_text())
+        assert isinstance(recorded, dict) and isinstance(recorded.get("resolved", {}), dict)
+    except (OSError, ValueError, AssertionError) as e:
+        saved = json.loads((ckpt / "smrc_config.json").read_text())
+        damaged = path.with_name("config.json.damaged")
+        if path.exists():
+            os.replace(path, damaged)
+        record = {**saved, "resolved": {**cfg.resolved(), "initial_weights": init}}
+        path.write_text(json.dumps(record, indent=1))
+        print(f"[resume] {path} was {'missing' if isinstance(e, OSError) else 'not a run record'} "
+              f"({type(e).__name__}); rewritten from {ckpt / 'smrc_config.json'}"
+              + (f", the damaged one kept as {damaged}" if damaged.exists() else "")
+              + "; the initial weights' record is lost, so the KL reference is not checked against it",
+              flush=True)
+        return {"config_json": f"restored from {ckpt / 'smrc_config.json'}"}
+    if cfg.grpo.kl_coef <= 0:
+        print("[resume] --grpo.kl-coef 0: no KL reference is loaded, so the initial weights are not checked "
+              "against config.json's record", flush=True)
+        return {}
+    was = (recorded.get("resolved") or {}).get("initial_weights") or {}
+    before, now = was.get("sha256") or {}, init.get("sha256") or {}
+    if not before or not now or before == now:
+        return {}
+    said = "; ".join(f"{f}: {before.get(f, 'none')[:16]} -> {now.get(f, 'none')[:16]}"
+                     for f in sorted(set(before) | set(now)) if before.get(f) != now.get(f))
+    if not cfg.accept_new_initial_weights:
+        raise SystemExit(f"error: --resume would anchor the KL term to other weights: --model {cfg.model} "
+                         f"({init.get('path')}) is not what this run started from (sha256 {said}); restore "
+                         f"those weights, or accept these knowingly with --accept-new-initial-weights")
+    print(f"[resume] the KL reference is --model {cfg.model} as it is now (sha256 {said}): accepted with "
+          f"--accept-new-initial-weights, recorded in config.resumes.jsonl", flush=True)
+    return {"initial_weights_accepted": {"recorded": before, "now": now}}
 
 
 class RunLock:

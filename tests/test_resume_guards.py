@@ -135,3 +135,45 @@ def test_evaluate_follows_a_run_folder_past_a_checkpoint_rotated_away_while_it_l
     assert f"{newest} was rotated away by the run still writing into {run}; evaluating its newest verified " \
            f"checkpoint, {first}" in out
     assert json.loads((tmp_path / "ev.json").read_text())["rows"][0]["model"] == str(first)
+
+
+def test_a_resume_refuses_another_kl_anchor_unless_accepted(tmp_path, quick_agent):
+    """Round 4, item 1: the initial weights changed since the run began (one tensor perturbed by 0.01): the
+    resume is one error line naming the model and both hashes, before anything loads; with
+    --accept-new-initial-weights it runs, and config.resumes.jsonl records both hashes."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "model"
+    shutil.copytree(quick_agent, model)
+    out = tmp_path / "run"
+    assert _smrc("--model", str(model), "--steps", "1", "--output-dir", str(out)).returncode == 0
+    weights = load_file(model / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 0.01
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    refused = _smrc("--model", str(model), "--steps", "2", "--resume", "--output-dir", str(out))
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode != 0 and last.startswith("error: --resume would anchor the KL term to other "
+                                                       f"weights: --model {model}"), refused.stderr[-2000:]
+    assert "model.safetensors: " in last and " -> " in last and "--accept-new-initial-weights" in last
+    accepted = _smrc("--model", str(model), "--steps", "2", "--resume", "--accept-new-initial-weights",
+                     "--output-dir", str(out))
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
+    row = json.loads((out / "config.resumes.jsonl").read_text().splitlines()[-1])
+    assert row["initial_weights_accepted"]["recorded"] != row["initial_weights_accepted"]["now"]
+
+
+def test_a_damaged_run_record_is_restored_from_the_checkpoint(run_dir, tmp_path):
+    """Round 4, item 2: config.json cut to 100 bytes: the resume says so in one line, rewrites it from the
+    checkpoint's smrc_config.json (the damaged one kept beside it) and runs; the record parses again."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "config.json").write_text((run / "config.json").read_text()[:100])
+    proc = _smrc("--steps", "2", "--resume", "--output-dir", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(f"[resume] {run / 'config.json'}"))
+    assert "not a run record" in line and "rewritten from" in line and "config.json.damaged" in line
+    record = json.loads((run / "config.json").read_text())
+    assert record["model"] == "tiny-agent-quick" and record["resolved"]["initial_weights"]["sha256"]
+    assert len((run / "config.json.damaged").read_text()) == 100
