@@ -213,11 +213,18 @@ def over_device(cfg, arch: Arch, gpu_gib: float, nproc: int) -> str | None:
 
 
 def check_fits(cfg, model_path: str, device, nproc: int) -> None:
-    """On CUDA, before anything loads: one error line if the plan does not fit the device (--memory-check)."""
+    """On CUDA, before anything loads: one error line if the plan does not fit the device (--memory-check).
+    A model whose config.json cannot be read before it loads (a hub id not yet downloaded, an architecture the
+    plan does not know) is planned by no one: a note says so and the run goes on."""
     import torch
     if device.type != "cuda" or not cfg.memory_check:
         return
+    try:
+        arch = load_arch(model_path)
+    except SystemExit as e:
+        print(f"[memory] no plan before loading: {str(e.code).removeprefix('error: ')}", flush=True)
+        return
     total = torch.cuda.get_device_properties(device).total_memory / GIB
-    problem = over_device(cfg, load_arch(model_path), total, nproc)
+    problem = over_device(cfg, arch, total, nproc)
     if problem:
         raise SystemExit(problem)
