@@ -1,5 +1,6 @@
 """π_old (--grpo.old-logprobs): recomputed by the trainer before the first step, or the sampler's; the PPO
-ratio of the first mini-batch is exactly 1 with the first (the vLLM case: tests/test_vllm.py).
+ratio of the first mini-batch is exactly 1 with the first (the vLLM case: tests/test_vllm.py). And the one
+rendering of a ratio that was not measured.
 
 Run: pytest tests/test_old_logprobs.py -q
 """
@@ -46,3 +47,14 @@ def _plain_logprobs(model, prompts, responses, pad_id):
     with torch.no_grad():
         logp, _ = models.token_logprobs(model, batch, 1.0)
     return [logp[i, :len(r)].tolist() for i, r in enumerate(responses)]
+
+
+@pytest.mark.parametrize("ratio, shown", [(0.25, "grad sd/grpo 0.250"), (math.nan, "grad sd/grpo –"),
+                                          (math.inf, "grad sd/grpo –")])
+def test_an_unmeasured_sd_grpo_ratio_is_one_dash_everywhere(ratio, shown):
+    """One rendering of "not measured" in the progress line (NaN under FSDP or without a GRPO signal; inf in
+    rows of older runs): '–'."""
+    from scale.monitor import _sd_text
+    row = {"sd/distilled_turns": 3, "actor/sd_grpo_grad_ratio": ratio, "sd/teacher_minus_student_logp": -0.1,
+           "sd/kl_per_turn": 1.0, "sd/candidate_sampled_share": 0.5}
+    assert _sd_text(row).endswith(shown)
