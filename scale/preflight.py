@@ -264,6 +264,8 @@ def check_resume_record(out: Path, cfg, ckpt: Path, init: dict) -> dict:
               "against config.json's record", flush=True)
         return {}
     was = (recorded.get("resolved") or {}).get("initial_weights") or {}
+    if was.get("model") != cfg.model:  # another model: check_same_run refuses that resume, naming the flag
+        return {}
     before, now = was.get("sha256") or {}, init.get("sha256") or {}
     if not before or not now or before == now:
         return {}

@@ -170,7 +170,8 @@ def test_a_damaged_run_record_is_restored_from_the_checkpoint(run_dir, tmp_path)
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     (run / "config.json").write_text((run / "config.json").read_text()[:100])
-    proc = _smrc("--steps", "2", "--resume", "--output-dir", str(run))
+    beyond = max(int(p.name.split("_")[1]) for p in run.glob("step_*")) + 1  # the fixture may be resumed
+    proc = _smrc("--steps", str(beyond), "--resume", "--output-dir", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith(f"[resume] {run / 'config.json'}"))
     assert "not a run record" in line and "rewritten from" in line and "config.json.damaged" in line
