@@ -31,7 +31,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from analysis import term_grads as measure
+import term_grads as measure
 from models import collate, micro_batches, token_logprobs
 
 # λ of each form when no preset sets one: the anchors; reverse-kl 0.01 (1.0 before; docs/results.md)
