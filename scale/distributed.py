@@ -119,11 +119,6 @@ def print0(world: World, *args) -> None:
         print(*args, flush=True)
 
 
-def launched_ranks() -> int:
-    """The number of ranks torchrun launched (1 under plain `python`), known before the process group."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> World:
     """This process's World; under torchrun the process group (NCCL on GPU, gloo on CPU) with every
     collective bounded by `timeout_s`."""
@@ -193,7 +188,6 @@ def stream_weights(model, dtype: torch.dtype):
     for name, t in unwrap(model).state_dict().items():
         full = t.full_tensor() if hasattr(t, "full_tensor") else t
         yield name.removeprefix("module."), full.detach().to(dtype)
-        del full
 
 
 def full_optimizer_state_dict(model, optimizer) -> dict:

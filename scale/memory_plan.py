@@ -37,7 +37,6 @@ GIB = 2 ** 30
 PROCESS_GIB = 0.5       # a CPU trainer process before its model: Python, torch, transformers, the tokenizer
 CHUNK_TOKENS = 512      # models.LOGPROB_CHUNK_TOKENS
 CHUNK_BYTES = 16        # per chunk token and vocabulary entry (module docstring)
-LARGE = 100_000_000     # grpo.MEASURE_MAX_PARAMS and grpo.GRAD_CHECKPOINTING_MIN_PARAMS
 PUBLIC = {  # config.json of the hub models the configs name (public values), for a plan without a download
     "Qwen/Qwen3-1.7B": dict(model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -122,18 +121,19 @@ LEVERS = {  # the flag that moves each part most
 
 
 def _choices(cfg, arch: Arch, cuda: bool, nproc: int) -> dict:
-    """What the run's flags resolve to for this model and device (as grpo.py and smrc.py decide them)."""
+    """What the run's flags resolve to for this model and device (grpo.py's decisions and thresholds)."""
+    import grpo
+    import torch
     P, fsdp = arch.params, cfg.dist.strategy == "fsdp" and nproc > 1
-    mode = cfg.grpo.grad_checkpointing
-    ref = cfg.grpo.ref_dtype if cfg.grpo.ref_dtype != "auto" else (
-        "bfloat16" if cuda and cfg.grpo.bf16 else "float32")
-    terms = cfg.grpo.term_grad_norms
+    big, small = P >= grpo.GRAD_CHECKPOINTING_MIN_PARAMS, P < grpo.MEASURE_MAX_PARAMS
+    mode, terms = cfg.grpo.grad_checkpointing, cfg.grpo.term_grad_norms
+    ref_bytes = grpo.ref_dtype(cfg.grpo, torch.device("cuda" if cuda else "cpu")).itemsize
     engine = cfg.rollout.engine if cfg.rollout.engine != "auto" else ("vllm" if cuda else "hf")
     backend = cfg.teacher.backend if cfg.teacher.backend != "auto" else engine
     return dict(shards=nproc if fsdp else 1, fsdp=fsdp, b=2 if cuda and cfg.grpo.bf16 else 4,
-                ckpt=mode in ("on", True) or (mode == "auto" and P >= LARGE),
-                ref_bytes=0 if cfg.grpo.kl_coef <= 0 else (2 if ref == "bfloat16" else 4),
-                terms=not fsdp and (terms in ("on", True) or (terms == "auto" and P < LARGE)),
+                ckpt=mode in ("on", True) or (mode == "auto" and big),
+                ref_bytes=0 if cfg.grpo.kl_coef <= 0 else ref_bytes,
+                terms=not fsdp and (terms in ("on", True) or (terms == "auto" and small)),
                 engine=engine, backend=backend)
 
 
