@@ -4,23 +4,20 @@ concrete settings a run uses before anything runs (the matcher, context, L_SD fo
 banner and written to the `resolved` block of config.json). Only the entry points (smrc.py, evaluate.py) know
 the whole Config.
 
-λ (`resolve`): --grpo.sd-coef when given; else the preset's λ (PRESET_SD_COEF) for the reverse-kl forms
-(FullPath-SD, SMRC-SD); else the form's default (grpo.SD_COEF). A preset's λ is a choice for the
-reverse-KL methods on its scale: the skill-text forms (skill-sd, sdar, grpo-opsd) keep their anchors' λ under
-every preset.
+Every default --algo decides, λ included, is one row of ALGOS; a flag overrides each entry.
 """
 
 import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import tyro
 
 from environments.alfworld import AlfworldConfig
 from environments.webshop import WebShopConfig
-from grpo import SD_COEF, GRPOConfig
+from grpo import GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
@@ -33,15 +30,37 @@ from teacher import TeacherConfig
 MATCHER_ALIASES = {"all": "with-reference", "every": "every-turn"}
 CONTEXT_ALIASES = {"fullpath": "trajectory", "full": "smrc"}
 
-# --algo → (matcher, teacher context, L_SD form); --router.matcher, --router.context, --grpo.sd-loss override
-ALGOS = {
-    "grpo": ("none", "trajectory", "reverse-kl"),
-    "fullpath-sd": ("with-reference", "trajectory", "reverse-kl"),
-    "smrc-sd": ("structured", "smrc", "reverse-kl"),
-    "skill-sd": ("every-turn", "skill", "skill-sd"),    # Skill-SD as SDAR's code has it: ρ·k3, λ = 0.001
-    "sdar": ("every-turn", "skill", "sdar"),            # SDAR: σ(5·sg(Δ))-gated likelihood, λ = 0.01
-    "grpo-opsd": ("every-turn", "skill", "grpo-opsd"),  # GRPO+OPSD: the same with the gate fixed at 0.5
+
+class AlgoDefaults(NamedTuple):
+    matcher: str         # --router.matcher: which turns are distilled
+    context: str         # --router.context: what the teacher sees besides the student's prompt
+    sd_loss: str         # --grpo.sd-loss: the form of L_SD (grpo.py)
+    sd_coef: float       # --grpo.sd-coef: λ, the form's anchor
+    tiny: float | None   # λ under --preset tiny (None: the anchor's)
+    learn: float | None  # λ under --preset learn (None: the anchor's)
+
+
+# --algo's table: what each algorithm sets where no flag does. λ's columns: the anchor's for the form (SDAR's
+# code for its three forms; 0.01 for reverse KL, where the anchors that add self-distillation to GRPO sit),
+# then each preset's choice for the reverse-KL methods on its scale (docs/notes.md: how each was set).
+ALGOS = {  # matcher            context       L_SD form     λ      tiny    learn
+    "grpo": AlgoDefaults("none", "trajectory", "reverse-kl", 0.01, 0.1, 0.2),
+    "fullpath-sd": AlgoDefaults("with-reference", "trajectory", "reverse-kl", 0.01, 0.1, 0.2),
+    "smrc-sd": AlgoDefaults("structured", "smrc", "reverse-kl", 0.01, 0.1, 0.2),
+    "skill-sd": AlgoDefaults("every-turn", "skill", "skill-sd", 0.001, None, None),  # ρ·k3 (SDAR's code)
+    "sdar": AlgoDefaults("every-turn", "skill", "sdar", 0.01, None, None),           # σ(5·sg(Δ))-gated
+    "grpo-opsd": AlgoDefaults("every-turn", "skill", "grpo-opsd", 0.01, None, None),  # the gate fixed at 0.5
 }
+
+
+def default_sd_coef(algo: str, sd_loss: str, preset: str) -> float:
+    """λ where --grpo.sd-coef is not given: the preset's, else the anchor's, from the row of --algo, or of the
+    algorithm whose form --grpo.sd-loss names when it overrides the row's."""
+    row = ALGOS[algo]
+    if row.sd_loss != sd_loss:
+        row = next(r for r in ALGOS.values() if r.sd_loss == sd_loss)
+    by_preset = getattr(row, preset, None) if preset in ("tiny", "learn") else None
+    return row.sd_coef if by_preset is None else by_preset
 
 
 @dataclass
@@ -131,7 +150,7 @@ def resolve(cfg: Config) -> Config:
     and the form's anchor wherever no flag set them (module docstring). Nothing after this reads --algo or the
     preset again."""
     cfg = copy.deepcopy(cfg)
-    matcher, context, form = ALGOS[cfg.algo]
+    matcher, context, form = ALGOS[cfg.algo][:3]
     given = cfg.router.context
     cfg.router.context = CONTEXT_ALIASES.get(given, given) or context  # an old name is mapped to the new one
     if cfg.router.matcher is None:  # the skill baselines given a trajectory context route as FullPath-SD
@@ -148,8 +167,7 @@ def resolve(cfg: Config) -> Config:
         cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form
     if cfg.grpo.sd_coef is None:
-        preset = PRESET_SD_COEF.get(cfg.preset) if cfg.grpo.sd_loss == "reverse-kl" else None
-        cfg.grpo.sd_coef = SD_COEF[cfg.grpo.sd_loss] if preset is None else preset
+        cfg.grpo.sd_coef = default_sd_coef(cfg.algo, cfg.grpo.sd_loss, cfg.preset)
     return cfg
 
 
@@ -167,19 +185,11 @@ def auto_engine(cfg: Config) -> tuple[str, str]:
     return "vllm", "CUDA and vllm are present"
 
 
-# each preset's λ of the reverse-kl forms (not of the others). learn: the rule fixed before the v8 sweep, the
-# λ at which the SD term's gradient norm equals the GRPO term's, mean over the seed-0 10-step SMRC-SD pilot at
-# λ = 0.3 on the warm start (bench/results/smrc_sd_10steps_v8: 0.3 × 0.1000 / 0.1311 = 0.229),
-# to one significant digit
-PRESET_SD_COEF = {"tiny": 0.1, "learn": 0.2}
-
-
 def tiny_preset() -> Config:
     """Runs end to end on 2 CPU cores in a few minutes: `tiny-agent-quick` (the embedded tiny model after a
     short behaviour-cloning warm start, embedded/warmstart.py) on small generated games, decoding restricted
     to the admissible commands. The planner's solutions also seed the reference bank (router choice 4), so the
-    distillation path does real work from the first step. λ = 0.1 for the reverse-kl forms only
-    (PRESET_SD_COEF)."""
+    distillation path does real work from the first step. λ: ALGOS' tiny column."""
     return Config(
         preset="tiny", model="tiny-agent-quick", steps=10, output_dir="runs/tiny", save_every=5,
         alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
@@ -187,7 +197,7 @@ def tiny_preset() -> Config:
         webshop=WebShopConfig(max_steps=8, require_think=False),
         rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64, action_space="admissible",
                               sampling=SamplingConfig(max_new_tokens=24)),
-        grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192),  # λ: PRESET_SD_COEF
+        grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192),  # λ: ALGOS' tiny column
         router=RouterConfig(seed_with_planner=True),
     )
 
@@ -195,8 +205,8 @@ def tiny_preset() -> Config:
 def learn_preset() -> Config:
     """The CPU mini-reproduction (bench/learn.py): `tiny-agent` on small generated games (20-step limit: the
     expert needs at most 18 there), decoding restricted to the admissible commands, references = the policy's
-    own successes only (as in the paper), no KL anchor, 4 tasks x 8 rollouts per step. λ = 0.2 for the
-    reverse-kl forms only (PRESET_SD_COEF): `--preset learn --algo sdar` runs SDAR at its anchor 0.01."""
+    own successes only (as in the paper), no KL anchor, 4 tasks x 8 rollouts per step. λ: ALGOS' learn column
+    (`--preset learn --algo sdar` runs SDAR at its anchor 0.01)."""
     return Config(
         preset="learn", model="tiny-agent", steps=20, output_dir="runs/learn", save_every=10,
         alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=320,
@@ -204,7 +214,7 @@ def learn_preset() -> Config:
         rollout=RolloutConfig(tasks_per_step=4, group_size=8, gen_batch_size=64, action_space="admissible",
                               sampling=SamplingConfig(max_new_tokens=24)),
         grpo=GRPOConfig(lr=2e-4, kl_coef=0.0, mini_batch_size=128,
-                        micro_batch_tokens=8192),  # λ: PRESET_SD_COEF
+                        micro_batch_tokens=8192),  # λ: ALGOS' learn column
     )
 
 

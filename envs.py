@@ -9,6 +9,8 @@ What it holds (a leaf: it imports nothing from the project; the implementations 
   An env has reset(task) -> StepResult, step(action) -> StepResult, close().
 - `replay(env, task, actions)`: the one loop that steps a list of actions through an env (rollout.replay
   builds the trainer's episodes on it; the planners restore states with it).
+- `alfworld_signature(...)`, `webshop_signature(...)`: each environment's state signature, its fields in one
+  place (the environment files read them from their engines and call these).
 - `history_key(prev, action, observation)`: running sha1 chain over the (action, observation) history.
 - `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld and WebShop prompts and action projection.
 
@@ -175,6 +177,49 @@ def replay(env, task: Task | None, actions: list[str], start: StepResult | None 
             break
         results.append(env.step(action))
     return results
+
+
+# ---------------------------------------------------------------------------------------------- signatures
+# A state signature is what the structured matcher compares: two states are "the same" for routing iff their
+# signatures are equal. Each field is a piece of state that changes which next action is right; everything
+# else is left out on purpose (it would split equal states). The fields are named pairs in a fixed order; the
+# state summary (router.state_summary) renders one line per field. The environment files read the fields
+# from their engines and build the signature here, so this section is the whole list.
+
+
+def alfworld_signature(task_id: str, location: tuple, holding: tuple, opened: tuple, placed: tuple,
+                       states: tuple, progress: tuple) -> Signature:
+    """ALFWorld (environments/alfworld.py reads the fields from the engine's PDDL facts; sorted tuples):
+      task      the task id: states of different tasks are never the same.
+      location  the receptacles at the agent's location (several can share one in official scenes), or
+                ("middle of the room",) at the start: which take/open/put actions exist.
+      holding   the objects in hand, the inventory (0 or 1): searching or delivering.
+      opened    the open receptacles: taking from / putting into a closed one fails ("Nothing happens.").
+      placed    (object, receptacle) for the task-relevant objects (of the goal's object or light type) in a
+                receptacle: where the target is, and whether it was delivered. Other objects are left out.
+      states    (object, flag), flag in clean/hot/cool/on, for task-relevant objects: the state-change part
+                of clean/heat/cool/look tasks.
+      progress  the goal's conditions already met, as short text ("clean mug", "1 book in shelf", "holding
+                book", "desklamp on here"): redundant with the fields above by design, it makes the summary
+                readable for the teacher.
+    Left out: visited or examined receptacles, the step count and the text history (`history_key`)."""
+    return (("task", task_id), ("location", location), ("holding", holding), ("opened", opened),
+            ("placed", placed), ("states", states), ("progress", progress))
+
+
+def webshop_signature(task_id: str, page: str, keywords: tuple, results_page: int | None, item: str | None,
+                      options: tuple) -> Signature:
+    """WebShop (environments/webshop.py reads the fields from the page URL and the shop session):
+      task          the task id (the goal).
+      page          the current page: "search" | "results" | "item" | "sub:description" | "sub:features" |
+                    "sub:reviews" | "sub:attributes" | "done".
+      keywords      the search's keywords (tuple).
+      results_page  the results page number (None off the results).
+      item          the product open (ASIN, or None).
+      options       the options clicked on it (sorted (name, value) pairs): the item page's text does not
+                    change when an option is clicked, but the reward does, so the text alone is not enough."""
+    return (("task", task_id), ("page", page), ("keywords", keywords), ("results_page", results_page),
+            ("item", item), ("options", options))
 
 
 # ---------------------------------------------------------------------------------------------- history key

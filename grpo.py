@@ -35,7 +35,6 @@ import term_grads as measure
 from models import collate, micro_batches, token_logprobs
 
 # λ of each form when no preset sets one: the anchors; reverse-kl 0.01 (1.0 before; docs/results.md)
-SD_COEF = {"reverse-kl": 0.01, "skill-sd": 0.001, "sdar": 0.01, "grpo-opsd": 0.01}
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large
@@ -59,12 +58,10 @@ class GRPOConfig:
     entropy_coef: float = 0.001
     """entropy bonus c_H (verl-agent's active default)"""
     sd_loss: Literal["reverse-kl", "skill-sd", "sdar", "grpo-opsd"] | None = None
-    """form of L_SD (module docstring); None = set by --algo (reverse-kl for grpo, fullpath-sd, smrc-sd)"""
+    """form of L_SD (module docstring); None = --algo's row of config.ALGOS"""
     sd_coef: float | None = None
-    """λ of L_SD; None = the preset's λ for the reverse-kl forms (tiny 0.1, learn 0.2: config.PRESET_SD_COEF),
-    else the form's default (SD_COEF): skill-sd 0.001, sdar and grpo-opsd 0.01 (their anchors); reverse-kl
-    0.01 (1.0 before, tinker OPD's; 0.01 is where the anchors that add self-distillation to GRPO sit:
-    docs/results.md). To set it for a model: `python analysis/lambda_pilot.py` (README, "Setting λ")"""
+    """λ of L_SD; None = --algo's row of config.ALGOS (the preset's column, else the form's anchor). For a
+    model of your own: `python analysis/lambda_pilot.py` (README, "Setting λ")"""
     sd_gate_beta: float = 5.0
     """β of the sdar gate σ(β·sg(Δ)) (SDAR's scripts: 5)"""
     sd_norm: Literal["all", "distilled"] = "all"

@@ -31,13 +31,11 @@ space):
 where y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (same over-length rule), same
 loss.
 
-Diagnostic (`--teacher.candidate-gain`, auto: on below 100M parameters): sd/candidate_gain = log π_T(c) −
-log π_θ(c) of the candidate response on distilled turns (`candidate_gain`), two extra scoring passes over
-those turns (the teacher's is skipped with the oracle), timed apart (sd/candidate_gain_time_s). At scale it
-is off: the teacher then makes one pass per distilled turn.
+What the SD term does around the matched candidate is measured beside the teacher, not in it:
+candidate_share.py (how often the student sampled the candidate; the gaps on and off it) and candidate_gain.py
+(log π_T(c) − log π_θ(c), two extra scoring passes, off from 100M parameters).
 """
 
-import dataclasses
 import math
 import time
 from contextlib import nullcontext
@@ -48,7 +46,7 @@ import torch
 
 import envs
 import router
-from models import action_trie, allowed_per_position, chat_ids, collate, micro_batches, token_logprobs
+from models import chat_ids, collate, micro_batches, token_logprobs
 from records import Turn
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
@@ -73,15 +71,7 @@ class TeacherConfig:
     candidate_gain: Literal["auto", "on", "off"] = "auto"
     """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled
     turns): two extra scoring passes over those turns' candidates (one with the oracle); auto = on below 100M
-    parameters (grpo.MEASURE_MAX_PARAMS), where the teacher's cost does not matter, resolved by `resolved`"""
-
-
-def resolved(cfg: TeacherConfig, n_params: int, max_params: int) -> TeacherConfig:
-    """`cfg` with --teacher.candidate-gain auto decided for a model of `n_params` parameters (on below
-    `max_params`)."""
-    if cfg.candidate_gain != "auto":
-        return cfg
-    return dataclasses.replace(cfg, candidate_gain="on" if n_params < max_params else "off")
+    parameters, where the teacher's cost does not matter (candidate_gain.py)"""
 
 
 def teacher_user_text(context: router.TeacherContext, user_text: str) -> str:
@@ -184,10 +174,7 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     prompts) and returns summable sd/ counts. `context` is the teacher-context variant
     (router.CONTEXT_BLOCKS)."""
     picked = [t for t in turns if t.match is not None]
-    with_skills = "skills" in router.context_blocks(context)  # skill text: by the turn's env and task type
-    prompts = [teacher_prompt_ids(tokenizer, router.teacher_context(
-        context, t.match.ref, t.match, t.step.signature,
-        router.skill_text(t.task.env, t.task.task_type) if with_skills else ""), t.user_text) for t in picked]
+    prompts = teacher_prompts(picked, context, tokenizer)
     candidates = [candidate_ids(tokenizer, t.match.candidate) for t in picked] if cfg.oracle > 0 else None
     scored, stats = score_turns(prompts, picked, cfg, logprob_fn, candidates)
     gap_sum = 0.0
@@ -195,47 +182,15 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
         t.teacher_logprobs = lp
         if lp is not None:
             gap_sum += sum(a - b for a, b in zip(lp, t.sample_logprobs))
-    distilled = [(t, p) for t, p in zip(picked, prompts) if t.teacher_logprobs is not None]
+    distilled = [t for t in picked if t.teacher_logprobs is not None]
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
-                  "sd/distilled_tokens": sum(len(t.response_ids) for t, _ in distilled)})
-    stats.update(candidate_split([t for t, _ in distilled]))
-    if cfg.candidate_gain in ("on", "auto", True):  # auto: smrc resolves it by model size (`resolved`)
-        stats.update(candidate_gain(distilled, tokenizer, cfg, logprob_fn))
+                  "sd/distilled_tokens": sum(len(t.response_ids) for t in distilled)})
     return stats
 
 
-def candidate_split(distilled: list[Turn]) -> dict:
-    """Summable counts of what the SD term pushes on the distilled turns whose match has a candidate: how many
-    sampled the candidate action itself, and the turn gap Σ_t log π_T(y_t) − log π_θ(y_t) summed apart over
-    those turns and the others (a teacher sharp on the candidate pulls the first kind up a little and pushes
-    the second kind down hard)."""
-    with_candidate = [t for t in distilled if t.match.ref is not None]
-    on = [t.step.action.strip().lower() == t.match.candidate.strip().lower() for t in with_candidate]
-    gaps = [sum(a - b for a, b in zip(t.teacher_logprobs, t.sample_logprobs)) for t in with_candidate]
-    return {"sd/candidate_routed_turns": len(with_candidate), "sd/candidate_sampled_turns": sum(on),
-            "sd/gap_on_candidate_sum": sum(g for g, o in zip(gaps, on) if o),
-            "sd/gap_off_candidate_sum": sum(g for g, o in zip(gaps, on) if not o)}
-
-
-def candidate_gain(distilled: list[tuple[Turn, list[int]]], tokenizer, cfg: TeacherConfig,
-                   logprob_fn: LogprobFn) -> dict:
-    """Summable sd/candidate_gain counts: over the distilled turns (each with its teacher prompt ids) whose
-    match has a candidate c (under restricted decoding: an admissible one, else it has probability 0), Σ_t log
-    π_T(c_t) − log π_θ(c_t) over c's tokens, the teacher on the turn's teacher prompt, the student on its
-    ordinary prompt, both through `logprob_fn` with the allowed ids the turn's trie gives c (as rollout builds
-    it). The oracle teacher needs no forward: summed over c its conditionals give log((1−α)·π_θ(c) + α)."""
-    t0 = time.perf_counter()
-    rows = [(t, p) for t, p in distilled if t.match.ref is not None
-            and (t.allowed is None or t.match.candidate in t.admissible)]
-    cands = [candidate_ids(tokenizer, t.match.candidate) for t, _ in rows]
-    allowed = [None if t.allowed is None else allowed_per_position(
-        action_trie(tokenizer, [envs.action_response(a) for a in t.admissible]), c)
-        for (t, _), c in zip(rows, cands)]
-    allowed = allowed if any(a is not None for a in allowed) else None
-    student = logprob_fn([t.prompt_ids for t, _ in rows], cands, allowed) if rows else []
-    if cfg.oracle > 0:
-        teacher = [oracle_logprobs(lp, c, c, cfg.oracle) for lp, c in zip(student, cands)]
-    else:
-        teacher = logprob_fn([p for _, p in rows], cands, allowed) if rows else []
-    return {"sd/candidate_gain_sum": sum(sum(t) - sum(s) for t, s in zip(teacher, student)),
-            "sd/candidate_turns": len(rows), "sd/candidate_gain_time_s": time.perf_counter() - t0}
+def teacher_prompts(turns: list[Turn], context: str, tokenizer) -> list[list[int]]:
+    """The teacher prompt ids of matched turns (turn.match) under the teacher-context variant `context`."""
+    with_skills = "skills" in router.context_blocks(context)  # skill text: by the turn's env and task type
+    return [teacher_prompt_ids(tokenizer, router.teacher_context(
+        context, t.match.ref, t.match, t.step.signature,
+        router.skill_text(t.task.env, t.task.task_type) if with_skills else ""), t.user_text) for t in turns]

@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import candidate_gain  # noqa: E402
 import grpo  # noqa: E402
 import router  # noqa: E402
 import rollout  # noqa: E402
@@ -53,7 +54,8 @@ from environments.pool import EnvPool  # noqa: E402
 from models import HFEngine, SamplingConfig  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
 from scale import memory_plan  # noqa: E402
-from scale.memory import Memory, peak_bytes, reset_peak  # noqa: E402
+from scale.lifecycle import Lifecycle  # noqa: E402
+from scale.memory import peak_bytes, reset_peak  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
 ARCHS = {  # the public config.json values of each model; vocab 151936 (the models' embedding size)
@@ -162,27 +164,26 @@ def run_config(args, algo: str, out: Path) -> smrc.Config:
         teacher=teacher.TeacherConfig(micro_batch_tokens=args.micro_batch_tokens)))
 
 
-def setup_run(args, cfg: smrc.Config, tok, world) -> smrc.Setup:
-    """smrc.setup's pieces around a model built in memory (nothing to load); SMRC-SD's bank gets the planner's
-    solutions of every train game."""
+def setup_run(args, cfg: smrc.Config, tok, world, pool: EnvPool) -> tuple[Lifecycle, smrc.Setup]:
+    """smrc.setup's pieces around a model built in memory (nothing to load), on a fresh run's Lifecycle;
+    SMRC-SD's bank gets the planner's solutions of every train game."""
     model = build_model(args.arch, tok, world.device, args.seed)
     ref_model = (copy.deepcopy(model).eval().requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))
                  if cfg.grpo.kl_coef > 0 else None)
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
-    s = smrc.Setup(train_tasks=cfg.env_cfg.load_tasks("train"), model=model, tokenizer=tok,
+    life = Lifecycle(cfg, world, pool, (cfg.env_cfg.load_tasks("train"), []), ckpt=None)
+    s = smrc.Setup(train_tasks=life.train_tasks, model=model, tokenizer=tok,
                    ref_model=ref_model, optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr,
                                                                     weight_decay=cfg.grpo.weight_decay),
-                   bank=router.ReferenceBank(cfg.router.archive_size), start=0,
+                   bank=router.ReferenceBank(cfg.router.archive_size),
                    engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size,
                                    bf16=cfg.grpo.bf16),
-                   teacher=teacher.resolved(cfg.teacher, sum(p.numel() for p in model.parameters()),
-                                            grpo.MEASURE_MAX_PARAMS),
-                   memory=Memory(world.device))
+                   teacher=candidate_gain.resolved(cfg.teacher, sum(p.numel() for p in model.parameters())))
     if cfg.algo != "grpo":  # the random policy never wins: the planner's solutions are the references
         for ref in smrc.planner_references(cfg, s, s.train_tasks):
             s.bank.add_planner(ref)
-    return s
+    return life, s
 
 
 def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
@@ -191,7 +192,7 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
     cfg = run_config(args, algo, out)
     Path(cfg.output_dir).mkdir(parents=True)
     reset_peak(world.device)
-    s = setup_run(args, cfg, tok, world)
+    life, s = setup_run(args, cfg, tok, world, pool)
     meter = Meter(world.device)
     hooks = [s.model.register_forward_pre_hook(meter.count(None), with_kwargs=True)]
     if s.ref_model is not None:
@@ -202,7 +203,7 @@ def run_algo(args, algo: str, tok, world, pool: EnvPool, out: Path) -> dict:
     with meter.labelled():
         for step in range(args.steps):
             before = copy.deepcopy((meter.fwd, meter.bwd, meter.calls, meter.ref_s, meter.trained_tokens))
-            smrc.train_step(cfg, world, pool, s, step)
+            smrc.train_step(cfg, life, s, step)
             steps.append({"fwd": {k: int(v - before[0][k]) for k, v in meter.fwd.items()},
                           "bwd": {k: int(v - before[1][k]) for k, v in meter.bwd.items()},
                           "calls": {k: v - before[2][k] for k, v in meter.calls.items()},

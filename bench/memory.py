@@ -2,7 +2,7 @@
 
 Runs smrc.py itself (`smrc.main`, the flags passed through unchanged) with finer phases inside the trainer's
 own (rollout, teacher, update; scale/memory.py): generation (the engine's `generate` calls), teacher scoring
-(`teacher.score_turns`), candidate gain (`teacher.candidate_gain`) and reference KL (the frozen reference
+(`teacher.score_turns`), candidate gain (`candidate_gain.measure`) and reference KL (the frozen reference
 model's forwards inside the update). The peak of a phase is this process's resident memory (VmHWM, reset when
 the phase starts) on CPU, torch's peak allocated memory on CUDA; an outer phase's peak includes its inner
 ones'. Each phase's peak is printed as the phase ends, so a run stopped by the out-of-memory watchdog still
@@ -22,9 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import candidate_gain  # noqa: E402
 import smrc  # noqa: E402
 import teacher  # noqa: E402
 from models import HFEngine  # noqa: E402
+from scale import lifecycle  # noqa: E402
 from scale.memory import GIB, Memory  # noqa: E402
 
 ORDER = ("generation", "rollout", "teacher scoring", "candidate gain", "teacher", "reference KL", "update")
@@ -103,11 +105,11 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("smrc_args", nargs=argparse.REMAINDER, help="-- then smrc.py's flags")
     args = parser.parse_args(argv)
     flags = args.smrc_args[1:] if args.smrc_args[:1] == ["--"] else args.smrc_args
-    smrc.Memory = PrintingMemory
+    lifecycle.Memory = PrintingMemory  # the run's watchdog (scale/lifecycle.py)
     smrc.setup = patched_setup(smrc.setup)
     HFEngine.generate = in_phase("generation", HFEngine.generate)
     teacher.score_turns = in_phase("teacher scoring", teacher.score_turns)
-    teacher.candidate_gain = in_phase("candidate gain", teacher.candidate_gain)
+    candidate_gain.measure = in_phase("candidate gain", candidate_gain.measure)
     PrintingMemory.log.clear()
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

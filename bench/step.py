@@ -1,9 +1,9 @@
 """Where a learn-preset training step's time goes: each phase beside its compute floor, measured in the same
 run.
 
-Runs `--steps` steps of the project's own training step (`smrc.train_step`, set up by `smrc.check_inputs` /
-`smrc.setup` from `smrc.py --preset learn` plus the flags below) and, after each step, times the floor of
-every model phase on the same model and the same tokens that phase processed:
+Runs `--steps` steps of the project's own training step (`smrc.train_step`, set up by `smrc.setup` on a
+`scale.lifecycle.Lifecycle`, from `smrc.py --preset learn` plus the flags below) and, after each step,
+times the floor of every model phase on the same model and the same tokens that phase processed:
 
 - generation: the prompt + response tokens of the step's turn-samples through one bare batched forward (no
   grad; `models.collate` / `models.token_logprobs`, packed by `models.micro_batches` at the teacher's
@@ -45,6 +45,7 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import candidate_gain  # noqa: E402
 import grpo  # noqa: E402
 import rollout  # noqa: E402
 import smrc  # noqa: E402
@@ -52,7 +53,9 @@ import teacher  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
 from models import collate, micro_batches, token_logprobs  # noqa: E402
 from scale import distributed  # noqa: E402
-from scale.preflight import prepare_output_dir, validate_config  # noqa: E402
+from scale.checkpoint import seed_step  # noqa: E402
+from scale.lifecycle import Lifecycle  # noqa: E402
+from scale.preflight import check_inputs, prepare_output_dir, validate_config  # noqa: E402
 
 PHASES = ("generation", "env", "rollout prompts", "teacher", "candidate gain", "teacher prompts", "update",
           "other")
@@ -155,10 +158,9 @@ class Recorder:
         """Install the wrappers for the duration of the block."""
         new = [(rollout, "collect_rollouts", lambda f: self._timed("rollout", f, self._keep_rollout)),
                (teacher, "teacher_signal", lambda f: self._timed("teacher_signal", f, lambda *_: None)),
-               (teacher, "candidate_gain", lambda f: self._labelled(f, "candidate gain")),
+               (candidate_gain, "measure", lambda f: self._labelled(f, "candidate gain")),
                (smrc, "teacher_logprob_fn", self._scorer),
                (grpo, "update", lambda f: self._timed("update", f, self._keep_samples))]
-        new = [(mod, name, wrap) for mod, name, wrap in new if hasattr(mod, name)]  # candidate_gain: optional
         saved = [(mod, name, getattr(mod, name)) for mod, name, _ in new]
         for (mod, name, wrap), (_, _, fn) in zip(new, saved):
             setattr(mod, name, wrap(fn))
@@ -232,7 +234,7 @@ def step_record(row: dict, rec: Recorder, floors: dict, env: dict, step_s: float
     teacher_s, cand_s = row.get("sd/teacher_time_s", 0.0), row.get("sd/candidate_gain_time_s", 0.0)
     seconds = {"generation": gen, "env": env_s, "rollout prompts": rec.wall["rollout"] - gen - env_s,
                "teacher": teacher_s, "candidate gain": cand_s,
-               "teacher prompts": rec.wall["teacher_signal"] - teacher_s - cand_s,
+               "teacher prompts": rec.wall["teacher_signal"] - teacher_s,
                "update": rec.wall["update"]}
     seconds["other"] = step_s - sum(seconds.values())
     floors = {**floors, "env": {"floor_s": env["worker_s"] / max(1, env["workers"]), "tokens": None}}
@@ -252,21 +254,22 @@ def run_steps(args: StepArgs, out: Path) -> list[dict]:
     """The benchmarked run: smrc.py's own set-up and training step, each step followed by its floors."""
     cfg = smrc.parse_config(smrc_argv(args, out))
     validate_config(cfg)
-    tasks = smrc.check_inputs(cfg)
-    world = smrc.init_distributed(cfg.device)
+    tasks = check_inputs(cfg)
+    world = distributed.init_distributed(cfg.device)
     prepare_output_dir(out, fresh=True)
-    smrc.seed_step(cfg.seed, 0, world.rank)
+    seed_step(cfg.seed, 0, world.rank)
     # first: the workers fork before any model exists (as in smrc.main)
     pool = EnvPool(cfg.env_cfg, episodes=cfg.rollout.tasks_per_step * cfg.rollout.group_size)
     records, s, rec = [], None, Recorder()
     try:
-        s = smrc.setup(cfg, world, tasks, ckpt=None)  # a fresh run in a temporary folder
+        life = Lifecycle(cfg, world, pool, tasks, ckpt=None)  # a fresh run in a temporary folder
+        s = smrc.setup(cfg, life)
         for step in range(args.steps):
             rec.clear()
             before = (pool.stats["worker_s"], pool.stats["resets"] + pool.stats["steps"])
             with rec.patched():
                 t0 = time.perf_counter()
-                smrc.train_step(cfg, world, pool, s, step)
+                smrc.train_step(cfg, life, s, step)
                 step_s = time.perf_counter() - t0
             env = {"worker_s": pool.stats["worker_s"] - before[0], "workers": pool.num_workers,
                    "calls": pool.stats["resets"] + pool.stats["steps"] - before[1]}

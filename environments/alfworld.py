@@ -10,26 +10,8 @@ signature.
   once per env instance and reused across resets (a small LRU of loaded games). Two pure functions of the
   engine are memoised for speed (`memoize_text_grammar`, `memoize_pddl_translation`: a reset 0.06-0.11 s
   -> 0.02-0.04 s).
-- `alfworld_signature(...)`: the structured state signature computed from the engine's PDDL facts.
-
-Signature fields. Two states are "the same" for routing iff their signatures are equal, so each field is a
-piece of state that changes which next action is right; everything else is left out on purpose.
-  task      task id. States of different tasks are never the same.
-  location  display names of the receptacles at the agent's location (several can share one location in
-            official scenes), or ("middle of the room",) at the start. Decides which take/open/put actions
-            exist.
-  holding   objects in hand (0 or 1 in practice). Decides between searching and delivering.
-  opened    open receptacles. Taking from / putting into a closed receptacle fails ("Nothing happens.").
-  placed    (object, receptacle) for the task-relevant objects (objects of the goal's object or toggle type)
-            that sit in a receptacle. Where the target is, and whether it was already delivered.
-            Other objects are left out: they never change what the task needs, and would split equal states.
-  states    (object, flag) with flag in clean/hot/cool/on for task-relevant objects. The state-change part of
-            clean/heat/cool/look tasks ("on" = the engine's isToggled: its isOn never turns true).
-  progress  the goal's conditions already satisfied, as short strings (e.g. "clean mug", "clean mug in
-            coffeemachine", "1 book in shelf", "holding book", "desklamp on here"). Redundant with the fields
-            above by design: it makes the summary readable for the router and the teacher context.
-Left out: visited/examined receptacles (`checked`), the step count, and the text history (that is what
-`envs.history_key` is for).
+- `alfworld_signature(...)`: the state's `envs.alfworld_signature` (where its fields are listed, with why each
+  is there), read from the engine's PDDL facts.
 
 Deviations from verl-agent (numbered):
 1. `put X in/on Y` and `move X to Y` are mapped onto whichever of the two the game's grammar admits (official
@@ -46,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
+import envs
 from envs import MAX_ACTION_CHARS, DataError, EnvError, EpisodeConfig, PlanResult, Signature, StepResult, Task
 from environments import alfworld_games
 from environments.planner import Planner
@@ -287,18 +270,19 @@ _FLAGS = (("isclean", "clean"), ("ishot", "hot"), ("iscool", "cool"), ("istoggle
 
 
 def alfworld_signature(task: Task, facts: dict, g: GameInfo) -> Signature:
-    """The structured state signature (fields documented in the module docstring). Deterministic:
-    sorted tuples."""
+    """The state's `envs.alfworld_signature`, its fields read from the engine's facts. Deterministic: sorted
+    tuples."""
     agent_loc = [loc for a, loc in facts.get("atlocation", []) if a == "agent1"]
     here = g.recep_at_loc.get(agent_loc[0], ()) if agent_loc else ()
-    return (("task", task.task_id),
-            ("location", here or ("middle of the room",)),
-            ("holding", tuple(sorted(o for _, o in facts.get("holds", [])))),
-            ("opened", tuple(sorted(r for (r,) in facts.get("opened", [])))),
-            ("placed", tuple(sorted((o, r) for o, r in facts.get("inreceptacle", []) if o in g.relevant))),
-            ("states", tuple(sorted((o, flag) for pred, flag in _FLAGS for (o,) in facts.get(pred, [])
-                                    if o in g.relevant))),
-            ("progress", _progress(facts, g, task.task_type, here)))
+    return envs.alfworld_signature(
+        task.task_id,
+        location=here or ("middle of the room",),
+        holding=tuple(sorted(o for _, o in facts.get("holds", []))),
+        opened=tuple(sorted(r for (r,) in facts.get("opened", []))),
+        placed=tuple(sorted((o, r) for o, r in facts.get("inreceptacle", []) if o in g.relevant)),
+        states=tuple(sorted((o, flag) for pred, flag in _FLAGS for (o,) in facts.get(pred, [])
+                            if o in g.relevant)),
+        progress=_progress(facts, g, task.task_type, here))
 
 
 def memoize_text_grammar() -> None:

@@ -18,10 +18,7 @@ search bar] + ['click[x]' for each clickable]; reward 10.0 iff done and the raw 
 reward; won = raw reward == 1.0; 15 steps; goals 0..499 are "eval", 500.. "train". The prompt is
 `envs.build_prompt("webshop", ...)`.
 
-Signature fields (a state is "the same" for routing iff equal): task, page ("search" | "results" | "item" |
-"sub:description" | "sub:features" | "sub:reviews" | "sub:attributes" | "done"), keywords (tuple),
-results_page (int | None), item (ASIN | None), options (sorted (name, value) pairs). The text alone is not
-enough: the item page text does not change when options are clicked, but the reward does.
+The signature: `envs.webshop_signature`, its fields read from the URL and the session (`read_state`).
 
 Deviations (numbered; reward deviations are listed in webshop_reward.py, catalogue ones in
 webshop_catalog.py):
@@ -131,8 +128,8 @@ def read_state(text_env) -> dict:
 
 
 def signature(task_id: str, state: dict) -> Signature:
-    return (('task', task_id), ('page', state['page']), ('keywords', state['keywords']),
-            ('results_page', state['results_page']), ('item', state['item']), ('options', state['options']))
+    """The state's `envs.webshop_signature`."""
+    return envs.webshop_signature(task_id, **state)
 
 
 def format_observation(raw: str, goal: str) -> str:

@@ -7,6 +7,8 @@ line naming the flag (or file) and what it allows. Every flag that reaches a lib
 - `check_model(name, flag)` / `check_model_dir(path, flag)`: a model folder is loadable (config, tokenizer,
   complete weights); a run checkpoint (it has checksums.sha256 or trainer_state.pt) must verify
   (scale/checkpoint.verify), a plain save_pretrained folder is accepted as unverified.
+- `check_inputs(cfg)`: the settings that fit together only in pairs, the data (train split, validation panel)
+  and the model exist; returns the tasks. `check_world(cfg, world)`: what depends on the ranks.
 - `validate_eval_args(args)`, `check_split(cfg, split)`: evaluate.py's numbers and split.
 - `open_run(cfg, world)`: the output folder for the run's life: locked (`lock_run`: a second run into it is
   refused naming the holder's PID; the kernel drops the lock of a dead run), prepared (`prepare_output_dir`: a
@@ -26,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+import envs
+from embedded.tiny import cache_dir
+from embedded.warmstart import RECIPES, TINY
 from environments.alfworld import OFFICIAL_SPLITS, TASK_TYPES
 from environments.alfworld_games import SPLITS as GENERATED_SPLITS
 from scale.checkpoint import CHECKSUMS, checkpoints, intact_hint, record_config, resume_checkpoint, verify
@@ -116,6 +121,62 @@ def validate_config(cfg) -> None:
             raise SystemExit(f"error: --alfworld.task-types {' '.join(unknown) or '(none)'} is not a task "
                              f"type; allowed: one or more of {', '.join(TASK_TYPES)}")
     check_device(cfg.device)
+
+
+def check_inputs(cfg) -> tuple[list[envs.Task], list[envs.Task]]:
+    """Before anything is written or loaded: the settings fit together, the data (train split; the validation
+    panel with --eval-every) and the model exist. Each failure is one `error:` line. Returns (train tasks,
+    panel)."""
+    if cfg.rollout.action_space == "admissible" and ("vllm" in (cfg.rollout.engine, cfg.teacher.backend)
+                                                     or cfg.env_cfg.require_think):
+        raise SystemExit("error: --rollout.action-space admissible needs --rollout.engine hf "
+                         "--teacher.backend hf and require_think False (the response is exactly one "
+                         "`<action>...</action>`)")
+    if cfg.router.matcher == "every-turn" and cfg.router.context != "skill":
+        raise SystemExit(f"error: --router.matcher every-turn distils turns without a reference, which "
+                         f"--router.context {cfg.router.context} needs; use --router.context skill or "
+                         f"--router.matcher with-reference")
+    if cfg.teacher.oracle > 0 and cfg.router.matcher in ("every-turn", "none"):
+        raise SystemExit(f"error: --teacher.oracle needs a reference candidate on every distilled turn, "
+                         f"which --router.matcher {cfg.router.matcher} does not give; use a matcher with "
+                         f"references (structured, with-reference, history, ...), e.g. --algo smrc-sd or "
+                         f"--algo fullpath-sd")
+    if cfg.model not in (TINY, *RECIPES):  # the embedded models are built on first use (setup)
+        check_model(cfg.model, "--model")
+    elif not writable(cache_dir()):
+        raise SystemExit(f"error: --model {cfg.model} is built under SMRC_CACHE={cache_dir()}, which is not "
+                         f"a writable folder; point SMRC_CACHE at one")
+    try:  # missing data: one clear message, not a traceback from deep inside
+        train = envs.load_tasks(cfg.env_cfg, "train")
+        panel = envs.load_tasks(cfg.env_cfg, "eval") if cfg.eval_every else []
+    except envs.DataError as e:
+        raise SystemExit(f"error: {e}") from None
+    except OSError as e:  # generated games written to an unwritable cache, say
+        raise SystemExit(f"error: the {cfg.env} tasks could not be prepared ({e.filename or ''}: "
+                         f"{e.strerror or e}); if that is a cache, point --alfworld.cache-dir or SMRC_CACHE "
+                         f"at a writable folder") from None
+    if not train:
+        raise SystemExit(f"error: the {cfg.env} train split has no task under these settings (game counts, "
+                         f"task types, eval goals); nothing to train on")
+    return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
+
+
+def writable(folder: Path) -> bool:
+    """Whether `folder` exists (or can be made) and takes a new file."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def check_world(cfg, world) -> None:
+    """The settings that depend on torchrun's process group."""
+    on_vllm = (cfg.rollout.engine, cfg.teacher.backend) == ("vllm", "vllm")
+    if world.enabled and cfg.dist.strategy == "fsdp" and not on_vllm:
+        raise SystemExit("error: --dist.strategy fsdp needs --rollout.engine vllm --teacher.backend vllm: "
+                         "under FSDP every forward is a collective, and per-rank generation lengths differ")
 
 
 def validate_eval_args(args) -> None:

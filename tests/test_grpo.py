@@ -12,7 +12,10 @@ import torch
 import grpo
 import models
 from fakes import GradRecorder, sample
+from config import ALGOS
 from grpo import TokenTerms, grpo_advantages, loss_terms
+
+ANCHOR_SD_COEF = {row.sd_loss: row.sd_coef for row in ALGOS.values()}  # λ of each form's anchor
 
 
 def GRPOConfig(**fields) -> grpo.GRPOConfig:
@@ -242,7 +245,7 @@ def test_skill_sd_importance_weight_is_capped_at_e10_and_its_gradient_then_stops
     assert (val, grad) == pytest.approx((math.exp(10) * k3, math.exp(10) * (1 - math.exp(-u))), rel=1e-4)
 
 
-@pytest.mark.parametrize("form", list(grpo.SD_COEF))
+@pytest.mark.parametrize("form", ["reverse-kl", "skill-sd", "sdar", "grpo-opsd"])
 def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_tokens(form):
     """Through loss_terms: the resolved λ (the form's anchor value, or --grpo.sd-coef) scales the term, and a
     token that is not distilled (teacher log-prob padded with 0, a padding-like student log-prob) has no loss,
@@ -251,7 +254,7 @@ def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_token
     z = torch.zeros(1, 2)
     teacher, mask = torch.tensor([[math.log(0.5), 0.0]]), torch.tensor([[1.0, 0.0]])
     grads = []
-    for coef in (grpo.SD_COEF[form], 0.5):
+    for coef in (ANCHOR_SD_COEF[form], 0.5):
         logp.grad = None
         cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_loss=form, sd_coef=coef)
         x = TokenTerms(logp, logp.detach(), logp.detach(), teacher, mask, torch.zeros(1), z)
@@ -261,7 +264,7 @@ def test_sd_forms_in_the_loss_use_the_anchor_lambda_and_ignore_undistilled_token
                 and float(terms["sd_loss"][0, 1].detach()) == 0)
         grads.append(float(logp.grad[0, 0]))
     one = _one_token(form, 0.2, 0.5, 0.2)[1]  # on-policy: ρ = 1
-    assert grads == pytest.approx([grpo.SD_COEF[form] * one, 0.5 * one], rel=1e-5)
+    assert grads == pytest.approx([ANCHOR_SD_COEF[form] * one, 0.5 * one], rel=1e-5)
 
 
 def test_sd_norm_distilled_divides_by_distilled_tokens_instead_of_all():

@@ -30,16 +30,15 @@ def test_a_row_name_gives_its_algorithm_lambda_and_alpha():
     """A row without λ runs at the λ the trainer resolves for the learn preset (reverse-KL forms 0.2, the
     skill-text forms their anchors'); a named λ or α is the row's; the name is the run folders' prefix."""
     from bench.learn import Row, parse_row
-    from config import PRESET_SD_COEF
-    from grpo import SD_COEF
+    from config import ALGOS
     assert parse_row("grpo") == Row("grpo", 0.0)
-    assert parse_row("smrc-sd") == Row("smrc-sd", PRESET_SD_COEF["learn"])
-    assert (parse_row("sdar") == Row("sdar", SD_COEF["sdar"])
-            and parse_row("skill-sd").sd_coef == SD_COEF["skill-sd"])
+    assert parse_row("smrc-sd") == Row("smrc-sd", ALGOS["smrc-sd"].learn)
+    assert (parse_row("sdar") == Row("sdar", ALGOS["sdar"].sd_coef)
+            and parse_row("skill-sd").sd_coef == ALGOS["skill-sd"].sd_coef)
     assert parse_row("grpo-opsd-lam0.05") == Row("grpo-opsd", 0.05)
     row = parse_row("oracle-fullpath-sd-a0.99-lam1")
     assert row == Row("fullpath-sd", 1.0, 0.99) and row.name == "oracle-fullpath-sd-a0.99-lam1"
-    assert parse_row("oracle-smrc-sd-a0.5").name == f"oracle-smrc-sd-a0.5-lam{PRESET_SD_COEF['learn']:g}"
+    assert parse_row("oracle-smrc-sd-a0.5").name == f"oracle-smrc-sd-a0.5-lam{ALGOS['smrc-sd'].learn:g}"
     assert parse_row("smrc-sd-lam0.03").name == "smrc-sd-lam0.03"
 
 

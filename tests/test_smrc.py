@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from scale import preflight
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
 pytest.importorskip("alfworld", reason="the training loop runs on the real ALFWorld engine")
@@ -203,11 +205,11 @@ def test_algo_sets_matcher_and_context_and_flags_override():
     assert (cfg.router.matcher, cfg.grpo.sd_loss) == ("structured", "skill-sd")
     with pytest.raises(SystemExit,
                        match="^error: --router.matcher every-turn .* --router.context smrc needs"):
-        smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
+        preflight.check_inputs(smrc.parse_config(["--preset", "tiny", "--router.matcher", "every"]))
     for algo in ("sdar", "grpo"):  # no reference candidate to be an oracle of
         with pytest.raises(SystemExit, match="^error: --teacher.oracle needs a reference candidate"):
-            smrc.check_inputs(smrc.parse_config(["--preset", "tiny", "--algo", algo,
-                                                 "--teacher.oracle", "0.5"]))
+            preflight.check_inputs(smrc.parse_config(["--preset", "tiny", "--algo", algo,
+                                                      "--teacher.oracle", "0.5"]))
 
 
 def test_lambda_applied_after_algo_preset_and_flag():

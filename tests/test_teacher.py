@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+import candidate_gain
+import candidate_share
 import envs
 import router
 import teacher
@@ -37,7 +39,8 @@ def _signal(turns, matches, context, tok, cfg, scorer):
     """teacher_signal on turns the router matched with `matches`: (each turn's teacher log-probs, stats)."""
     for t, m in zip(turns, matches):
         t.match, t.teacher_logprobs = m, None
-    stats = teacher.teacher_signal(turns, context, tok, cfg, scorer)
+    stats = teacher.teacher_signal(turns, context, tok, cfg, scorer)  # then the measurements, as in smrc
+    stats |= candidate_share.counts(turns) | candidate_gain.measure(turns, context, tok, cfg, scorer)
     return [t.teacher_logprobs for t in turns], stats
 
 
@@ -224,7 +227,7 @@ def test_teacher_message_puts_the_prompt_between_the_static_and_the_state_blocks
 
 def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
     """Three distilled turns with a candidate (two sampled it, one did not) and one without a reference: the
-    counts teacher_signal adds, and the per-turn numbers log_step derives from them (scale/monitor.py)."""
+    counts candidate_share adds, and the per-turn numbers log_step derives from them (scale/monitor.py)."""
     from records import Match, Trajectory
     from scale.monitor import _sd_text, sd_diagnostics
     ref = Trajectory("t", "ref", [], True)
@@ -236,7 +239,7 @@ def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
              distilled("Open Drawer 2 ", "open drawer 2", [-2.0], [-1.0]),           # on (case, spaces): +1.0
              distilled("go to bed 1", "go to desk 1", [-0.5, -0.5, 0.0], [-4.0, -3.0, 0.0]),  # off: -6.0
              distilled("look", "", [-1.0], [-1.5])]                                   # no candidate: -0.5
-    split = teacher.candidate_split(turns)
+    split = candidate_share.counts(turns)
     assert split == {"sd/candidate_routed_turns": 3, "sd/candidate_sampled_turns": 2,
                      "sd/gap_on_candidate_sum": 1.5, "sd/gap_off_candidate_sum": -6.0}
     gap_sum = 0.5 + 1.0 - 6.0 - 0.5
@@ -252,7 +255,7 @@ def test_candidate_split_and_its_logged_diagnostics_on_a_hand_built_batch():
         assert m["sd/gap_on_candidate"] == pytest.approx(0.75 * (1 if n == 1 else 0.5))
         assert m["sd/gap_off_candidate"] == pytest.approx(-6.0 * (1 if n == 1 else 0.5))
     none = sd_diagnostics([{"sd": {"sd/distilled_turns": 0, "sd/distilled_tokens": 0, "sd/gap_sum": 0.0,
-                                   **teacher.candidate_split([])}}])
+                                   **candidate_share.counts([])}}])
     assert all(math.isnan(none[k]) for k in ("sd/kl_per_turn", "sd/candidate_sampled_share",
                                              "sd/gap_on_candidate", "sd/gap_off_candidate"))
     row = {**sd_diagnostics([{"sd": sd}]), "sd/distilled_turns": 4, "sd/teacher_minus_student_logp": -0.7}
