@@ -1,4 +1,5 @@
-"""Compare two runs' metrics.jsonl row by row, times and memory aside: python cmp_metrics.py RUN_A RUN_B"""
+"""Compare two runs' metrics.jsonl row by row, times and memory aside (house step 3's check, its outputs in
+bench/results/house_step3/same_numbers.txt): python bench/probes/same_metrics.py RUN_A RUN_B"""
 import json, sys, math
 a, b = sys.argv[1], sys.argv[2]
 ra = [json.loads(l) for l in open(a + "/metrics.jsonl")]

@@ -1,11 +1,11 @@
 """The probe behind docs/notes.md's issue-40 table: peak resident memory of one SmolLM2-135M forward
 (+ backward) over a random batch, in a fresh process.
-Usage: python probe_update.py train|score B L CKPT(0/1) [MMAP_THRESHOLD]
+Usage: python bench/probes/smollm2_update_memory.py train|score B L CKPT(0/1) [MMAP_THRESHOLD]
 (B rows of L tokens, 20 of them response; MMAP_THRESHOLD: glibc mallopt(M_MMAP_THRESHOLD) before the pass).
 The model folder: $SMOLLM2_DIR (default models/smollm2-135m), embedded/smollm2.py's export."""
 import sys, time, torch, os
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from models import load_model, collate, token_logprobs
 torch.set_num_threads(2)
 def hwm():

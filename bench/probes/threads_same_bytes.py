@@ -1,10 +1,10 @@
 """Do a few build-like updates (tiny model, float32) give the same bytes on 1 and 2 torch threads?
 
-    python bench/results/test_suite/threads_probe.py THREADS   # prints the loss and the weights' sha256[:16]
+    python bench/probes/threads_same_bytes.py THREADS   # prints the loss and the weights' sha256[:16]
 """
 import hashlib, sys, torch, random
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 torch.set_num_threads(int(sys.argv[1]))
 from embedded import tiny, warmstart as w
 from models import load_model

@@ -1,9 +1,9 @@
 """Issue 36 item 3: seconds per optimizer step of the tiny-agent build's model (3 layers, width 128) on
 16 x 512 tokens (the recipe's 8,192 padded tokens a batch) in float32 and under CPU bf16 autocast. Output:
-batch_time_avx2.txt."""
+bench/results/warmstart_v21/batch_time_avx2.txt."""
 import sys, time, torch
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from embedded import tiny, warmstart
 from models import load_model
 torch.set_num_threads(2)

@@ -1,16 +1,19 @@
-"""Issue 36 item 3: the tiny-agent build's *real* batches against batch_time.py's 16 x 512 benchmark batch.
+"""Issue 36 item 3: the tiny-agent build's *real* batches against warmstart_batch_time.py's 16 x 512
+benchmark batch.
 
-batch_time.py times a full-length 16 x 512 batch with the LM head on every position; the build's batches are
-packed by length (8,192 padded tokens counting each example's copies) and score the response tokens only.
+warmstart_batch_time.py times a full-length 16 x 512 batch with the LM head on every position; the build's
+batches are packed by length (8,192 padded tokens counting each example's copies) and score the response
+tokens only.
 This times every 60th batch of the build's own plan (seed 0) and the benchmark batch, interleaved, in one
 process, and prints their ratio: the idle time of a real batch is that ratio times batch_time_avx2.txt's
-idle float32 time. Float32 (as on a CPU without native bf16), 2 threads. Output: batch_time_real_avx2.txt.
+idle float32 time. Float32 (as on a CPU without native bf16), 2 threads. Output:
+bench/results/warmstart_v21/batch_time_real_avx2.txt.
 
-    python bench/results/warmstart_v21/batch_time_real.py [PLAN.json]   # PLAN.json: a cache of the plan
+    python bench/probes/warmstart_real_batches.py [PLAN.json]   # PLAN.json: a cache of the plan
 """
 import json, sys, time, torch
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from embedded import tiny, warmstart as w
 from models import load_model
 

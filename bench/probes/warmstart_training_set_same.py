@@ -2,13 +2,14 @@
 
 Hashes (data, weights, plan, context stats) of a recipe's build, either through `training_set` or, with
 --old, through a copy of build_tiny_agent's lines before the refactor (commit 52327c2). Output:
-training_set_same.txt (2026-12-04: the same sha256 both ways for tiny-agent-quick and tiny-agent).
+bench/results/warmstart_v21/training_set_same.txt (2026-12-04: the same sha256 both ways for
+tiny-agent-quick and tiny-agent).
 
-    python bench/results/warmstart_v21/training_set_same.py tiny-agent [--old]   # ~4 min on 2 cores
+    python bench/probes/warmstart_training_set_same.py tiny-agent [--old]   # ~4 min on 2 cores
 """
 import hashlib, json, random, sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import envs
 from embedded import tiny, warmstart as w
 from models import chat_ids, load_model
