@@ -1,5 +1,5 @@
-"""The records behind the README: bench/records.py reads a record's packed files under their old paths, and the
-README's results table is what bench/learn.py's report computes from the v21 sweep's archive.
+"""The records behind the README: bench/records.py reads a record's packed files under their old paths, and
+the README's results table is what bench/learn.py's report computes from the v21 sweep's archive.
 
 Run: pytest tests/test_records.py -q
 """
@@ -30,7 +30,8 @@ def readme_table_lines(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory) -> Path:
-    """The v21 report rebuilt from a copy of its archive alone (the same relative paths, in a scratch root)."""
+    """The v21 report rebuilt from a copy of its archive alone (the same relative paths, in a scratch
+    root)."""
     from bench import learn
     root = tmp_path_factory.mktemp("record")
     (root / SWEEP).mkdir(parents=True)
