@@ -34,8 +34,8 @@ import numpy as np
 
 TARGET_RATIO = 0.1  # SD gradient = 0.1 × GRPO's; the evidence: README, "Setting λ"
 PILOT_SD_COEF = 0.01
-PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.89–1.25 (10–90%) over the v21 sweep's runs,
-                  # 0.86–1.77 from 5 steps (docs/results.md, "Setting λ: the evidence")
+PILOT_STEPS = 10  # a whole run's share / its first 10 steps': 0.90–1.30 (10–90%) over the v21 sweep's 45
+                  # runs with an SD term, 0.89–1.85 from 5 steps (learn_sweep_v21/results.md, last lines)
 MIN_MEASURED = 3  # steps with both terms measured, below which the pilot suggests no λ
 PILOT_OWNS = ("--steps", "--grpo.sd-coef", "--output-dir", "--save-every", "--eval-every", "--resume",
               "--grpo.term-grad-norms")
@@ -60,8 +60,11 @@ def run_strength(rows: list[dict]) -> tuple[float, float, float]:
 def _candidate_counts(m: dict) -> tuple[float, float]:
     """(distilled turns with a candidate, of them those whose sampled action is the candidate) of one step.
     Rows logged before the counts were (the v21 sweep's, code at 12a3ca6) carry only the share; there the
-    count is sd/distilled_turns, exact where the share is defined in that sweep: every turn SMRC-SD distils
-    has a candidate (FullPath-SD's have none, and their share is NaN)."""
+    count is sd/distilled_turns, exact in that sweep: every turn SMRC-SD or FullPath-SD distils is matched to
+    a reference, so it has a candidate (FullPath-SD's: the reference's action at the same index). Under
+    restricted decoding a candidate can be sampled only where it is admissible: on 99% of SMRC-SD's distilled
+    turns there, 31–33% of FullPath-SD's (sd/candidate_turns; bench/sweep_runs.py prints the share over
+    those)."""
     if "sd/candidate_routed_turns" in m:
         return m["sd/candidate_routed_turns"], m.get("sd/candidate_sampled_turns", 0)
     share, n = m.get("sd/candidate_sampled_share"), m.get("sd/distilled_turns", 0)

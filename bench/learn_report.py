@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.lambda_pilot import finite_ratios, run_strength
+from bench import records
 
 
 def _run_seed(run: Path) -> int:
@@ -16,7 +17,7 @@ def _run_seed(run: Path) -> int:
 
 def _metrics(run: Path) -> list[dict]:
     """A run's metrics.jsonl, one dict per step."""
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in records.read_text(run / "metrics.jsonl").splitlines() if x.strip()]
 
 
 def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, float]]:
@@ -66,12 +67,12 @@ def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
 
 def _eval_seconds(path: Path) -> float:
     """The wall time evaluate.py recorded for a run's held-out evaluation."""
-    return float(json.loads(path.read_text())["rows"][0]["seconds"])
+    return float(json.loads(records.read_text(path))["rows"][0]["seconds"])
 
 
 def _per_task(out: Path, name: str) -> dict[str, float]:
     """Success of every panel task averaged over its k attempts, from an evaluation's JSON."""
-    eps = json.loads((out / "eval" / f"{name}.json").read_text())["rows"][0]["episodes"]
+    eps = json.loads(records.read_text(out / "eval" / f"{name}.json"))["rows"][0]["episodes"]
     by_task: dict[str, list[float]] = {}
     for e in eps:
         by_task.setdefault(e["task_id"], []).append(float(e["won"]))
@@ -174,9 +175,12 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
         cells[2:2] = [seed_cell, _pm(by_task.get(f"{r['name']} − grpo"), "+")]
         lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cells) + " |")
     lines.append(f"\n± is the SE over seeds (a row of one seed: Avg@{k}'s SE over the panel's tasks). "
-                 "Per run: SD/GRPO grad is the median over steps, KL/turn and cand share are pooled over "
-                 "the distilled turns (analysis.lambda_pilot.run_strength). By seed: (|mean| / SE). A pair's "
-                 "SD/GRPO grad: each row's own, over all its seeds.")
+                 "Per run: SD/GRPO grad is the median over steps, KL/turn is pooled over the distilled "
+                 "turns, cand share over the distilled turns matched to a reference: all of SMRC-SD's and "
+                 "FullPath-SD's, though FullPath-SD's candidate (the reference's action at the same index) "
+                 "can be sampled only where it is admissible (analysis.lambda_pilot.run_strength). By seed: "
+                 "(|mean| / SE, rounded down to one decimal). A pair's SD/GRPO grad: each row's own, over "
+                 "all its seeds.")
     others = [name for name in by_seed if not name.endswith(" − grpo")]
     share = {r["name"]: _pm(r.get("sd/grpo")) for r in rows}
     if others:  # SMRC − FullPath at equal (λ, α), then the --compare pairs; their strengths side by side
@@ -185,6 +189,32 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
             d, (a, b) = by_seed[n], n.split(" − ")
             lines.append(f"| {n} | {d['seeds']} | {_pm(d['mean_se'], '+', d['seeds'])} | "
                          f"{_pm(by_task.get(n), '+')} | {share.get(a, '-')} / {share.get(b, '-')} |")
+    return "\n".join(lines)
+
+
+def readme_table(summary: dict) -> str:
+    """The README's results table from a sweep's results.json (`summarize`'s summary): each row's Avg@k (mean
+    ± SE over seeds; the highest mean in bold), its difference from GRPO paired by seed, its SD / GRPO
+    gradient share and KL per distilled turn; tests/test_records.py holds the README to it."""
+    k, steps, rows = summary["args"]["k"], summary["args"]["steps"], summary["rows"]
+    by_seed = summary["seed_paired_difference_avg@k"]
+
+    def cell(text: str) -> str:  # the README's signs: − for minus, – for nothing
+        return "–" if text == "-" else text.replace("-", "−")
+
+    lines = [f"| row ({steps} steps) | seeds | Avg@{k} ± SE over seeds | − GRPO, paired by seed (SE count "
+             "rounded down) | SD / GRPO grad, median `actor/sd_grpo_grad_ratio` | KL per distilled turn "
+             "(nat) |", "|---|---|---|---|---|---|"]
+    mean, se = rows[0][f"avg@{k}"]
+    lines.append(f"| warm start (before RL) | – | {mean:.3f} ± {se:.3f} (over tasks) | – | – | – |")
+    best = max(r[f"avg@{k}"][0] for r in rows[1:])
+    for r in rows[1:]:
+        avg = _pm(r[f"avg@{k}"])
+        d = by_seed.get(f"{r['name']} − grpo")
+        cells = [f"**{avg}**" if r[f"avg@{k}"][0] == best else avg,
+                 _pm(d["mean_se"], "+", d["seeds"]) if d else "-", _pm(r.get("sd/grpo")),
+                 _pm(r.get("kl_per_turn"))]
+        lines.append(f"| {r['name']} | {r['n']} | " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -355,13 +385,16 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
         table += f"\n{name}, avg@{k}, paired by task: {g:+.3f} ± {se:.3f} (SE over tasks)"
     for name, d in by_seed.items():
         table += f"\n{name}, avg@{k}, paired by seed: {_over_seeds(*d['mean_se'], d['seeds'])}"
+    if by_seed:
+        table += ("\n(n SE: |mean| / SE rounded down to one decimal, here and below: a printed 2.0 is at "
+                  "least 2)")
     table += "\n\nThe dose-response, compactly:\n\n" + dose_table(table_rows, differences, by_seed, k)
     sd_runs = [r for name, rs in results.items() if name != "grpo" for r, _ in rs]
     summary["pilot_agreement"] = agreement = pilot_agreement(sd_runs)
     summary["share_per_unit_lambda"] = units = share_per_unit_lambda(table_rows)
     if agreement or units:  # some run with an SD term
         table += "\n\n" + pilot_text(agreement, units)
-    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    records.write_text(out / "results.json", json.dumps(summary, indent=1))  # where the record keeps it
     (out / "results.md").write_text(table + "\n")
     plot_dose(dose_points(table_rows, seed_pairs), out / "strength.png")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
