@@ -18,11 +18,15 @@ Layout: `<cache_dir>/<challenge>-<settings>-seed<seed>/<split>/<nnnnn>/tw-game.{
 needed: Jericho fully supports a TextWorld game (score, and no status line in the text) only when its file
 name starts with `tw-` (a `game.z8` leaks `-= Cellar =-0/1` into every observation).
 
-Measured (2 cores, `SMRC_CACHE=$(mktemp -d) .venv/bin/python -m environments.textworld --num-train-games 20`;
-the defaults, tw-coin_collector --level 5): one game takes 1.1 s to generate (0.6 s make, 0.5 s Inform 7
-compile); every walkthrough has 5 steps (level n <= 100: n steps, the coin-collecting chain of rooms, and the
-objective spells the path out). Other challenges at their DEFAULT_SETTINGS: tw-treasure_hunter 0.7 s, 3 steps;
-tw-simple 1.4 s, 8-12 steps; tw-cooking 1.5 s, 5 steps. An env start is 13 ms, a reset 5 ms, a step 1-2 ms.
+Measured (2 cores, `SMRC_CACHE=$(mktemp -d) .venv/bin/python -m environments.textworld --num-train-games 10`,
+add `--challenge X` for the others): at the defaults (tw-coin_collector --level 5) one game takes 1.1-1.5 s to
+generate (1.3 s CPU, the Inform 7 compiler included; 0.6 s make + 0.5 s compile on an idle machine), so the
+default 100 + 30 games take 2-3 min once; every walkthrough has 5 steps (level n <= 100: a chain of n rooms,
+n - 1 moves and `take coin`; the objective spells the path out). Other challenges at their DEFAULT_SETTINGS
+(CPU per game, walkthrough steps): tw-treasure_hunter 0.9 s, 3; tw-simple 1.7 s, 8-12; tw-cooking 1.8 s, 5.
+An env start is 13 ms, a reset 5 ms, a step 1-2 ms. Of 30 default eval games none equals a train game, but 15
+share their walkthrough (the sequence of directions) with one of the 100 train games (65 distinct there):
+coin_collector at level 5 has few direction sequences; the text (rooms, objective wording) differs.
 
 Episode conventions (as ALFWorld's in envs.StepResult): observation = the engine's text, tidied (trailing
 spaces cut, runs of blank lines made one, stripped); the intro also loses TextWorld's ASCII-art banner
@@ -76,7 +80,8 @@ class TextWorldConfig(EpisodeConfig):
         "tw-coin_collector"
     """game kind, as `tw-make <challenge>` names it"""
     settings: str = ""
-    """the challenge's tw-make options, e.g. '--level 5' ('' = DEFAULT_SETTINGS of the challenge)"""
+    """the challenge's tw-make options, given after '=' (--textworld.settings='--level 7'); '' = the
+    challenge's DEFAULT_SETTINGS"""
     num_train_games: int = 100
     """games in the 'train' split"""
     num_eval_games: int = 30
@@ -349,13 +354,18 @@ def plan(cfg: TextWorldConfig, task: Task, actions: list[str], timeout_s: float)
 
 
 def measure(cfg: TextWorldConfig) -> None:
-    """Generates cfg's train split and prints the time per game and the walkthrough lengths."""
-    t0 = time.perf_counter()
+    """Generates cfg's train split and prints the time per game (wall, and CPU with the Inform 7 compiler's
+    processes) and the walkthrough lengths."""
+    def cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+    t0, c0 = time.perf_counter(), cpu()
     tasks = cfg.load_tasks("train")
-    seconds = time.perf_counter() - t0
+    seconds, cpu_s, n = time.perf_counter() - t0, cpu() - c0, len(tasks)
     lengths = [len(walkthrough(t.source)) for t in tasks]
-    print(f"{cfg.challenge} {cfg.settings or DEFAULT_SETTINGS[cfg.challenge]!r}: {len(tasks)} games in "
-          f"{seconds:.1f} s ({seconds / len(tasks):.2f} s per game, 0 if cached); walkthrough steps min "
+    settings = cfg.settings or DEFAULT_SETTINGS[cfg.challenge]
+    print(f"{cfg.challenge} {settings!r}: {n} games in {seconds:.1f} s "
+          f"({seconds / n:.2f} s wall, {cpu_s / n:.2f} s CPU per game; ~0 if cached); walkthrough steps min "
           f"{min(lengths)}, median {statistics.median(lengths)}, max {max(lengths)}")
 
 

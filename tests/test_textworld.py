@@ -101,6 +101,20 @@ def test_max_steps_truncates_and_a_finished_episode_refuses_steps(cfg, tasks):
     env.close()
 
 
+def test_a_lost_game_ends_the_episode_and_has_no_plan(cfg):
+    """tw-treasure_hunter: taking the wrong object loses (game 1 of seed 0 at level 1 starts next to one)."""
+    hunt = dataclasses.replace(cfg, challenge="tw-treasure_hunter", settings="--level 1", num_train_games=2)
+    task = hunt.load_tasks("train")[1]
+    env = hunt.make_env()
+    start = env.reset(task)
+    wrong = next(a for a in start.admissible if a.startswith("take ") and a not in env.walkthrough())
+    lost = env.step(wrong)
+    assert lost.done and lost.info["lost"] and not lost.won and lost.reward == 0.0
+    assert not lost.info["truncated"]
+    env.close()
+    assert envs.plan(hunt, task, [wrong]).status == "unsolvable"
+
+
 def test_the_walkthrough_is_the_expert(cfg, tasks):
     task = tasks[2]
     walkthrough = game_json(task)["metadata"]["walkthrough"]
