@@ -11,9 +11,10 @@ walkthrough as the expert. No hand-written signature: the routing signature is t
 Games. `textworld.challenges.CHALLENGES[challenge]` makes a game from the challenge's own tw-make options
 (parsed by the challenge's own argparse arguments, so `settings` reads exactly like `tw-make`'s command line),
 and `textworld.generator.compile_game` compiles it to `tw-game.z8` + `tw-game.json` (the .json holds the
-walkthrough and the objective). Game i of a split has seed `seed * 1_000_000 + 2 * i` (+1 for eval), so train and eval
-never share a seed; each game is generated into a temporary folder, its walkthrough replayed to a win, then
-renamed into place (atomic), under a file lock per split (torchrun ranks wait for one writer, then reuse).
+walkthrough and the objective). Game i of a split has seed `seed * 1_000_000 + 2 * i` (+1 for eval), so
+train and eval never share a seed; each game is generated into a temporary folder, its walkthrough replayed to
+a win, then renamed into place (atomic), under a file lock per split (torchrun ranks wait for one writer, then
+reuse).
 Layout: `<cache_dir>/<challenge>-<settings>-seed<seed>/<split>/<nnnnn>/tw-game.{z8,json}`. The `tw-` prefix is
 needed: Jericho fully supports a TextWorld game (score, and no status line in the text) only when its file
 name starts with `tw-` (a `game.z8` leaks `-= Cellar =-0/1` into every observation).
