@@ -42,11 +42,12 @@ class AlgoDefaults(NamedTuple):
 
 # --algo's table: what each algorithm sets where no flag does. λ's columns: the anchor's for the form (SDAR's
 # code for its three forms; 0.01 for reverse KL, where the anchors that add self-distillation to GRPO sit),
-# then each preset's choice for the reverse-KL methods on its scale (docs/notes.md: how each was set).
+# then each preset's for the reverse-KL methods: tiny by the project's rule (analysis/lambda_pilot.py: SD
+# gradient 0.1 × GRPO's; bench/results/tiny_pilot: 0.017 → 0.02), learn the v21 sweep's (docs/notes.md).
 ALGOS = {  # matcher            context       L_SD form     λ      tiny    learn
-    "grpo": AlgoDefaults("none", "trajectory", "reverse-kl", 0.01, 0.1, 0.2),
-    "fullpath-sd": AlgoDefaults("with-reference", "trajectory", "reverse-kl", 0.01, 0.1, 0.2),
-    "smrc-sd": AlgoDefaults("structured", "smrc", "reverse-kl", 0.01, 0.1, 0.2),
+    "grpo": AlgoDefaults("none", "trajectory", "reverse-kl", 0.01, 0.02, 0.2),
+    "fullpath-sd": AlgoDefaults("with-reference", "trajectory", "reverse-kl", 0.01, 0.02, 0.2),
+    "smrc-sd": AlgoDefaults("structured", "smrc", "reverse-kl", 0.01, 0.02, 0.2),
     "skill-sd": AlgoDefaults("every-turn", "skill", "skill-sd", 0.001, None, None),  # ρ·k3 (SDAR's code)
     "sdar": AlgoDefaults("every-turn", "skill", "sdar", 0.01, None, None),           # σ(5·sg(Δ))-gated
     "grpo-opsd": AlgoDefaults("every-turn", "skill", "grpo-opsd", 0.01, None, None),  # the gate fixed at 0.5

@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import ALGOS, learn_preset, resolve as resolve_config  # noqa: E402
-from bench import records  # noqa: E402
+from bench import archives  # noqa: E402
 from bench.learn_report import readme_table, summarize  # noqa: E402
 from embedded.warmstart import resolve  # noqa: E402
 from scale.preflight import check_rules, int_at_least  # noqa: E402
@@ -254,9 +254,9 @@ def _train(args: LearnArgs, row: Row, seed: int) -> Path:
 
 
 def _finished(args: LearnArgs, run: Path) -> bool:
-    """A run's metrics and evaluation are there (on disk, or in the record's archive: bench/records.py)."""
+    """A run's metrics and evaluation are there (on disk, or in the record's archive: bench/archives.py)."""
     evaluation = Path(args.out) / "eval" / f"{run.name}.json"
-    return records.exists(run / "metrics.jsonl") and records.exists(evaluation)
+    return archives.exists(run / "metrics.jsonl") and archives.exists(evaluation)
 
 
 def check_warm_start(args: LearnArgs) -> str:
@@ -279,7 +279,7 @@ def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
     """Copy a record's evaluations of this very warm start into OUT/eval instead of repeating them (two
     evaluations, ~30 min on 2 cores). A sweep record (learn_sweep_v21) keeps its warm start as
     RECORD/warm_start/, pinned by RECORD/warm_start.json, and its evaluations as
-    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: bench/records.py); one is taken only
+    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: bench/archives.py); one is taken only
     for the same weights (sha256), the same number of games and the same k."""
     record, out = Path(args.model).parent, Path(args.out) / "eval"
     pin = record / "warm_start.json"
@@ -288,13 +288,13 @@ def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
     taken = []
     for name, k in (("warm-start", args.k), ("warm-start-greedy", 1)):
         src = record / "eval" / f"{name}.json"
-        if records.exists(out / f"{name}.json") or not records.exists(src):  # OUT may be the record itself
+        if archives.exists(out / f"{name}.json") or not archives.exists(src):  # OUT may be the record itself
             continue
-        done = json.loads(records.read_text(src))
+        done = json.loads(archives.read_text(src))
         if done["k"] == k and len(done["tasks"]) == args.eval_games:
             out.mkdir(parents=True, exist_ok=True)
             for suffix in (".json", ".md"):
-                (out / (name + suffix)).write_bytes(records.read_bytes(src.with_name(name + suffix)))
+                (out / (name + suffix)).write_bytes(archives.read_bytes(src.with_name(name + suffix)))
             taken.append(str(src))
     return taken
 
@@ -302,13 +302,13 @@ def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
 def _evaluate(args: LearnArgs, model: str, name: str, checkpoint: bool, greedy: bool = False) -> dict:
     out = str(Path(args.out) / "eval" / name)  # evaluate.py writes OUT.json / OUT.md
                                                # (a name may hold dots: lam0.3)
-    if not records.exists(out + ".json"):
+    if not archives.exists(out + ".json"):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         which = ["--checkpoint", model] if checkpoint else ["--baseline", model, "--preset", "learn"]
         sampling = ["--k", "1", "--temperature", "0"] if greedy else ["--k", str(args.k)]
         _run(args, ["evaluate.py", "eval", *which, "--split", "eval", *sampling, "--output", out,
                     "--tasks-per-batch", "32", "--limit", str(args.eval_games)], Path(out + ".log"))
-    return json.loads(records.read_text(out + ".json"))["rows"][0]["metrics"]
+    return json.loads(archives.read_text(out + ".json"))["rows"][0]["metrics"]
 
 
 def main(args: LearnArgs) -> None:
@@ -317,7 +317,7 @@ def main(args: LearnArgs) -> None:
     jobs = plan(args, rows)
     if args.report_only:  # the finished runs only; nothing is built, trained or evaluated
         jobs = [j for j in jobs if _finished(args, _run_dir(args, *j))]
-        assert all(records.exists(Path(args.out) / "eval" / f"{n}.json")
+        assert all(archives.exists(Path(args.out) / "eval" / f"{n}.json")
                    for n in ("warm-start", "warm-start-greedy")), \
             f"{args.out} has no finished evaluation of the warm start"
     else:
@@ -356,7 +356,7 @@ def main(args: LearnArgs) -> None:
             table = summarize(Path(args.out), args.k, differences, vars(args), before, results, wall, greedy)
     print(table)
     if table:  # the README's form of the table (bench.learn_report.readme_table)
-        print("\n" + readme_table(json.loads(records.read_text(Path(args.out) / "results.json"))))
+        print("\n" + readme_table(json.loads(archives.read_text(Path(args.out) / "results.json"))))
     print(f"[learn] wrote {args.out}/results.json, results.md, curves.png, strength.png "
           f"in {time.perf_counter() - t0:.0f}s")
 

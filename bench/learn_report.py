@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.lambda_pilot import finite_ratios, run_strength
-from bench import records
+from bench import archives
 
 
 def _run_seed(run: Path) -> int:
@@ -17,7 +17,7 @@ def _run_seed(run: Path) -> int:
 
 def _metrics(run: Path) -> list[dict]:
     """A run's metrics.jsonl, one dict per step."""
-    return [json.loads(x) for x in records.read_text(run / "metrics.jsonl").splitlines() if x.strip()]
+    return [json.loads(x) for x in archives.read_text(run / "metrics.jsonl").splitlines() if x.strip()]
 
 
 def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, float]]:
@@ -67,12 +67,12 @@ def strength(metrics: list[list[dict]]) -> dict[str, list[float]]:
 
 def _eval_seconds(path: Path) -> float:
     """The wall time evaluate.py recorded for a run's held-out evaluation."""
-    return float(json.loads(records.read_text(path))["rows"][0]["seconds"])
+    return float(json.loads(archives.read_text(path))["rows"][0]["seconds"])
 
 
 def _per_task(out: Path, name: str) -> dict[str, float]:
     """Success of every panel task averaged over its k attempts, from an evaluation's JSON."""
-    eps = json.loads(records.read_text(out / "eval" / f"{name}.json"))["rows"][0]["episodes"]
+    eps = json.loads(archives.read_text(out / "eval" / f"{name}.json"))["rows"][0]["episodes"]
     by_task: dict[str, list[float]] = {}
     for e in eps:
         by_task.setdefault(e["task_id"], []).append(float(e["won"]))
@@ -195,7 +195,7 @@ def dose_table(rows: list[dict], by_task: dict[str, tuple], by_seed: dict[str, d
 def readme_table(summary: dict) -> str:
     """The README's results table from a sweep's results.json (`summarize`'s summary): each row's Avg@k (mean
     ± SE over seeds; the highest mean in bold), its difference from GRPO paired by seed, its SD / GRPO
-    gradient share and KL per distilled turn; tests/test_records.py holds the README to it."""
+    gradient share and KL per distilled turn; tests/test_archives.py holds the README to it."""
     k, steps, rows = summary["args"]["k"], summary["args"]["steps"], summary["rows"]
     by_seed = summary["seed_paired_difference_avg@k"]
 
@@ -394,7 +394,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     summary["share_per_unit_lambda"] = units = share_per_unit_lambda(table_rows)
     if agreement or units:  # some run with an SD term
         table += "\n\n" + pilot_text(agreement, units)
-    records.write_text(out / "results.json", json.dumps(summary, indent=1))  # where the record keeps it
+    archives.write_text(out / "results.json", json.dumps(summary, indent=1))  # where the record keeps it
     (out / "results.md").write_text(table + "\n")
     plot_dose(dose_points(table_rows, seed_pairs), out / "strength.png")
     plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},

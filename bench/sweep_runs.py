@@ -1,5 +1,5 @@
 """Per-run numbers of a bench/learn.py sweep record and paired-by-seed differences between its rows, read from
-the record's files or its archive (bench/records.py): the commands that recompute docs/results.md's readings.
+the record's files or its archive (bench/archives.py): the commands that recompute docs/results.md's readings.
 
     python bench/sweep_runs.py bench/results/learn_sweep_v21                  # one line per run
     python bench/sweep_runs.py bench/results/learn_sweep_v21 --diff A B       # row A − row B, paired by seed
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.lambda_pilot import run_strength  # noqa: E402
-from bench import records  # noqa: E402
+from bench import archives  # noqa: E402
 from bench.learn_report import _floor1, _mean_se, _metrics  # noqa: E402
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -29,13 +29,13 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 def runs(record: Path) -> list[str]:
     """The record's run folders (NAME-seedS) that have metrics, in name order."""
-    return sorted(n.split("/")[0] for n in records.listing(record) if n.endswith("/metrics.jsonl")
+    return sorted(n.split("/")[0] for n in archives.listing(record) if n.endswith("/metrics.jsonl")
                   and n.count("/") == 1 and "-seed" in n.split("/")[0])
 
 
 def avg(record: Path, run: str) -> float:
     """A run's Avg@k on the held-out panel, from its evaluation."""
-    metrics = json.loads(records.read_text(record / "eval" / f"{run}.json"))["rows"][0]["metrics"]
+    metrics = json.loads(archives.read_text(record / "eval" / f"{run}.json"))["rows"][0]["metrics"]
     return next(v for key, v in metrics.items() if key.startswith("avg@") and not key.endswith("_se"))
 
 

@@ -44,7 +44,8 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def smrc_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smrc")
-    proc = run(*FAST, "--steps", "2", "--save-every", "1", "--output-dir", str(out))
+    # λ 0.1: the tiny preset's until issue 57, at which the run was recorded (test_numbers_equal_the_recorded_run)
+    proc = run(*FAST, "--steps", "2", "--save-every", "1", "--grpo.sd-coef", "0.1", "--output-dir", str(out))
     (out / "stdout.txt").write_text(proc.stdout)
     return out
 
@@ -216,12 +217,12 @@ def test_lambda_applied_after_algo_preset_and_flag():
     """A preset's λ is of the reverse-kl forms only; the skill-text forms keep their anchor λ;
     --grpo.sd-coef wins."""
     import smrc
-    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"),
+    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"), ("tiny", "smrc-sd"),
             ("none", "fullpath-sd"), ("learn", "sdar", "--grpo.sd-coef", "0.5"),
             ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
     lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).grpo.sd_coef
            for preset, algo, *flags in runs]
-    assert lam == [0.2, 0.2, 0.01, 0.001, 0.01, 0.5, 0.01]  # none: reverse-kl default 0.01 (1.0 before)
+    assert lam == [0.2, 0.2, 0.01, 0.001, 0.02, 0.01, 0.5, 0.01]  # none: the reverse-kl anchor's 0.01
 
 
 def _distils_every_turn(rows: list[dict]) -> None:
@@ -271,7 +272,7 @@ def test_oracle_teacher_trains_two_steps(tmp_path, algo, alpha, matcher):
     proc = run(*FAST, "--algo", algo, "--teacher.oracle", alpha, "--steps", "2", "--save-every", "2",
                "--output-dir", str(tmp_path))
     assert (f"matcher={matcher} context=" in proc.stdout
-            and f"lambda=0.1 oracle alpha={alpha} |" in proc.stdout)
+            and f"lambda=0.02 oracle alpha={alpha} |" in proc.stdout)
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

@@ -1,7 +1,7 @@
-"""The records behind the README: bench/records.py reads a record's packed files under their old paths, and
+"""The records behind the README: bench/archives.py reads a record's packed files under their old paths, and
 the README's results table is what bench/learn.py's report computes from the v21 sweep's archive.
 
-Run: pytest tests/test_records.py -q
+Run: pytest tests/test_archives.py -q
 """
 import json
 import os
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import records  # noqa: E402
+from bench import archives  # noqa: E402
 
 SWEEP = "bench/results/learn_sweep_v21"
 
@@ -36,7 +36,7 @@ def regenerated(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("record")
     (root / SWEEP).mkdir(parents=True)
     shutil.copyfile(ROOT / f"{SWEEP}.tar.gz", root / f"{SWEEP}.tar.gz")
-    settings = json.loads(records.read_text(ROOT / SWEEP / "results.json"))["args"]
+    settings = json.loads(archives.read_text(ROOT / SWEEP / "results.json"))["args"]
     cwd = Path.cwd()
     try:
         os.chdir(root)
@@ -50,10 +50,10 @@ def test_the_readme_table_is_the_sweep_record(regenerated):
     """Every line of the README's table equals bench.learn_report.readme_table of the report recomputed from
     the archive (each run's metrics and evaluation), and the report itself equals the committed one."""
     from bench.learn_report import readme_table
-    summary = json.loads(records.read_text(regenerated / SWEEP / "results.json"))
+    summary = json.loads(archives.read_text(regenerated / SWEEP / "results.json"))
     assert readme_table_lines((ROOT / "README.md").read_text()) == readme_table(summary).splitlines()
     assert (regenerated / SWEEP / "results.md").read_text() == (ROOT / SWEEP / "results.md").read_text()
-    assert summary == json.loads(records.read_text(ROOT / SWEEP / "results.json"))
+    assert summary == json.loads(archives.read_text(ROOT / SWEEP / "results.json"))
 
 
 def test_a_changed_cell_is_caught():
@@ -71,26 +71,26 @@ def test_packed_files_are_read_under_their_old_paths(tmp_path):
     (tmp_path / "results" / "sweep" / "results.md").write_text("| table |\n")
     (tmp_path / "results" / "loose_a.json").write_text("{}")
     archive = tmp_path / "results" / "sweep.tar.gz"
-    assert records.pack(archive, [run]) == ["sweep/grpo-seed0/metrics.jsonl"]
-    assert not run.exists() and records.exists(run / "metrics.jsonl")
-    assert records.read_text(run / "metrics.jsonl") == '{"step": 1}\n'
-    assert records.listing(tmp_path / "results" / "sweep") == ["grpo-seed0/metrics.jsonl", "results.md"]
-    assert not records.exists(run / "config.json")
+    assert archives.pack(archive, [run]) == ["sweep/grpo-seed0/metrics.jsonl"]
+    assert not run.exists() and archives.exists(run / "metrics.jsonl")
+    assert archives.read_text(run / "metrics.jsonl") == '{"step": 1}\n'
+    assert archives.listing(tmp_path / "results" / "sweep") == ["grpo-seed0/metrics.jsonl", "results.md"]
+    assert not archives.exists(run / "config.json")
     first = archive.read_bytes()
-    records.write_text(run / "metrics.jsonl", '{"step": 1}\n')  # unchanged: the archive is not rewritten
+    archives.write_text(run / "metrics.jsonl", '{"step": 1}\n')  # unchanged: the archive is not rewritten
     assert archive.read_bytes() == first
-    records.write_text(run / "metrics.jsonl", '{"step": 2}\n')  # a packed file stays packed
-    assert not run.exists() and records.read_text(run / "metrics.jsonl") == '{"step": 2}\n'
+    archives.write_text(run / "metrics.jsonl", '{"step": 2}\n')  # a packed file stays packed
+    assert not run.exists() and archives.read_text(run / "metrics.jsonl") == '{"step": 2}\n'
     with pytest.raises(SystemExit, match="an archive's name begins the paths it holds"):
-        records.pack(archive, [tmp_path / "results" / "loose_a.json"])
-    records.pack(tmp_path / "results" / "loose.tar.gz", [tmp_path / "results" / "loose_a.json"])
-    assert records.read_text(tmp_path / "results" / "loose_a.json") == "{}"
+        archives.pack(archive, [tmp_path / "results" / "loose_a.json"])
+    archives.pack(tmp_path / "results" / "loose.tar.gz", [tmp_path / "results" / "loose_a.json"])
+    assert archives.read_text(tmp_path / "results" / "loose_a.json") == "{}"
 
 
 def test_an_archive_is_the_same_bytes_for_the_same_files(tmp_path):
     files = {"x/b.txt": b"2", "x/a.txt": b"1"}
-    records.write_archive(tmp_path / "x.tar.gz", files)
-    records.write_archive(tmp_path / "y.tar.gz", dict(reversed(files.items())))
+    archives.write_archive(tmp_path / "x.tar.gz", files)
+    archives.write_archive(tmp_path / "y.tar.gz", dict(reversed(files.items())))
     assert (tmp_path / "x.tar.gz").read_bytes() == (tmp_path / "y.tar.gz").read_bytes()
     listed = subprocess.run(["tar", "tzf", str(tmp_path / "x.tar.gz")], capture_output=True, text=True)
     assert listed.stdout.split() == ["x/a.txt", "x/b.txt"]  # plain tar reads it: `tar xzf` puts files back
@@ -103,4 +103,4 @@ def test_the_records_cited_by_the_code_and_tests_are_there():
                  "bench/results/memory_smollm2/config.json", "bench/results/gpu_h200/gpu.log",
                  "bench/results/smrc_sd_10steps_v8/metrics.jsonl",
                  "bench/results/learn_sweep_v21/eval/warm-start.json"):
-        assert records.exists(ROOT / path), path
+        assert archives.exists(ROOT / path), path
