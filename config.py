@@ -16,6 +16,8 @@ from typing import Literal, NamedTuple
 import tyro
 
 from environments.alfworld import AlfworldConfig
+from environments.external import ExternalConfig
+from environments.textworld import TextWorldConfig
 from environments.webshop import WebShopConfig
 from grpo import GRPOConfig
 from models import SamplingConfig
@@ -29,6 +31,9 @@ from teacher import TeacherConfig
 # old names of two matchers and two contexts, still accepted on the command line; mapped here only (resolve)
 MATCHER_ALIASES = {"all": "with-reference", "every": "every-turn"}
 CONTEXT_ALIASES = {"fullpath": "trajectory", "full": "smrc"}
+
+
+BUILT_IN_ENVS = ("alfworld", "webshop", "textworld")  # else --env names package.module:Class (external)
 
 
 class AlgoDefaults(NamedTuple):
@@ -72,8 +77,9 @@ class Config:
     preset: Literal["none", "tiny", "learn"] = "none"
     """named preset applied before the config file and the other flags; tiny = CPU smoke run of
     tiny-agent-quick on small generated games; learn = the CPU mini-reproduction of bench/learn.py"""
-    env: Literal["alfworld", "webshop"] = "alfworld"
-    """environment"""
+    env: str = "alfworld"
+    """alfworld | webshop | textworld, or package.module:Class: an environment of your own (envs.py, the
+    contract; docs/environments.md), set with --external.*"""
     algo: Literal["grpo", "fullpath-sd", "smrc-sd", "skill-sd", "sdar", "grpo-opsd"] = "smrc-sd"
     """training algorithm (sets the router's matcher, the teacher context and the form of L_SD: ALGOS)"""
     model: str = "Qwen/Qwen3-1.7B"
@@ -123,6 +129,8 @@ class Config:
     (`python bench/memory_plan.py`) exceeds the GPU; --no-memory-check starts anyway"""
     alfworld: AlfworldConfig = field(default_factory=lambda: AlfworldConfig(source="official"))
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
+    textworld: TextWorldConfig = field(default_factory=TextWorldConfig)
+    external: ExternalConfig = field(default_factory=ExternalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -131,7 +139,10 @@ class Config:
 
     @property
     def env_cfg(self):
-        return self.alfworld if self.env == "alfworld" else self.webshop
+        if self.env in BUILT_IN_ENVS:
+            return getattr(self, self.env)
+        self.external.spec = self.env  # an environment of your own: its package.module:Class
+        return self.external
 
     def resolved(self) -> dict:
         """What --algo, the preset and the flags resolved to (`resolve`): the banner's and config.json's
@@ -196,6 +207,8 @@ def tiny_preset() -> Config:
         alfworld=AlfworldConfig(source="generated", room_size="small", num_train_games=8, num_eval_games=6,
                                 max_steps=20, require_think=False),
         webshop=WebShopConfig(max_steps=8, require_think=False),
+        textworld=TextWorldConfig(num_train_games=8, num_eval_games=6, max_steps=10, require_think=False),
+        external=ExternalConfig(require_think=False),
         rollout=RolloutConfig(tasks_per_step=4, group_size=4, gen_batch_size=64, action_space="admissible",
                               sampling=SamplingConfig(max_new_tokens=24)),
         grpo=GRPOConfig(lr=1e-4, mini_batch_size=1024, micro_batch_tokens=8192),  # λ: ALGOS' tiny column

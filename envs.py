@@ -12,7 +12,8 @@ What it holds (a leaf: it imports nothing from the project; the implementations 
 - `alfworld_signature(...)`, `webshop_signature(...)`: each environment's state signature, its fields in one
   place (the environment files read them from their engines and call these).
 - `history_key(prev, action, observation)`: running sha1 chain over the (action, observation) history.
-- `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld and WebShop prompts and action projection.
+- `build_prompt(...)` / `parse_action(...)`: verl-agent's ALFWorld and WebShop prompts (and ALFWorld's wording
+  without its world for any other environment) and action projection.
 
 Naming: the *memory* of an episode is the list of its earlier (observation, action) pairs shown in the prompt;
 its *history key* is the sha1 chain above, which the `history` matcher compares.
@@ -222,6 +223,40 @@ def webshop_signature(task_id: str, page: str, keywords: tuple, results_page: in
             ("item", item), ("options", options))
 
 
+def observation_signature(task_id: str, observation: str, admissible: list[str] | None,
+                          unchanged_by: tuple[str, ...]) -> Signature:
+    """The state signature nobody writes by hand, from what every text environment gives (the `observation`
+    matcher's, and the signature of an environment that gives none):
+      task          the task id.
+      observation   the current observation, normalised (lowercase, whitespace collapsed).
+      admissible    the admissible actions as a sorted set, or None where the environment has none. Two
+                    states with the same observation can differ in hidden state (an apple in hand in the same
+                    room); what can be done there usually differs with it ("put apple 1 in/on ...").
+      unchanged_by  the actions taken since the observation last changed, as a sorted set (`unchanged_by`):
+                    hidden state that neither the text nor the actions show (WebShop's options: the item
+                    page's text does not change when one is clicked) is told apart by the clicks that set it.
+    States the three cannot tell apart match; `evaluate.py audit` measures what that costs (docs/results.md,
+    the audit table)."""
+    return (("task", task_id), ("observation", normalise(observation)),
+            ("admissible", None if admissible is None else tuple(sorted(set(admissible)))),
+            ("unchanged_by", tuple(sorted(set(unchanged_by)))))
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def unchanged_by(before: tuple[str, ...], old_observation: str, action: str, observation: str) -> tuple:
+    """The actions since the observation last changed, after `action` turned `old_observation` into
+    `observation`."""
+    return (*before, action) if normalise(observation) == normalise(old_observation) else ()
+
+
+def signature_key(signature: Signature) -> str:
+    """A short stable key of a signature (what a matcher indexes and the archive keeps)."""
+    return hashlib.sha1(repr(signature).encode()).hexdigest()
+
+
 # ---------------------------------------------------------------------------------------------- history key
 
 
@@ -275,6 +310,22 @@ Your admissible actions of the current situation are: \n[
 
 Now it's your turn to take one action for the current step.
 {instruction}"""
+# Any other environment (TextWorld, one of your own): ALFWorld's wording without its world; the admissible line
+# only where the environment lists actions.
+_TEXT_NO_HIS = """
+You are an expert agent operating in a text-based environment. Your task is to: {goal}.
+Your current observation is: {observation}
+{admissible_line}
+Now it's your turn to take an action.
+{instruction}"""
+_TEXT_HIS = """
+You are an expert agent operating in a text-based environment. Your task is to: {goal}.
+Prior to this step, you have already taken {step} step(s). Below are the most recent {n} observations and \
+the corresponding actions you took: {history}
+You are now at step {current} and your current observation is: {observation}
+{admissible_line}
+Now it's your turn to take an action.
+{instruction}"""
 THINK_INSTRUCTION = ("You should first reason step-by-step about the current situation. This reasoning "
                      "process MUST be enclosed within <think> </think> tags. \nOnce you've finished your "
                      "reasoning, you should choose an admissible action for current step and present it "
@@ -304,17 +355,20 @@ def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: 
     """The user message of one turn (no chat template). `memory` = (observation, action) of previous turns,
     `step` = number of steps already taken; the first turn (step 0) uses the no-history template."""
     webshop = env_name == "webshop"
-    assert webshop or env_name == "alfworld", f"unknown env {env_name!r}"
     think = WEBSHOP_THINK_INSTRUCTION if webshop else THINK_INSTRUCTION
+    listed = "\n ".join(f"'{a}'" for a in admissible if a != "help")
     fields = dict(goal=goal, observation=observation,
                   instruction=think if require_think else ACTION_INSTRUCTION,
-                  admissible="\n".join(f"'{a}'," for a in admissible) if webshop else
-                  "\n ".join(f"'{a}'" for a in admissible if a != "help"))
-    no_his = (_WEBSHOP_NO_HIS if webshop else _ALFWORLD_NO_HIS).format(**fields)
+                  admissible="\n".join(f"'{a}'," for a in admissible) if webshop else listed,
+                  admissible_line=f"Your admissible actions of the current situation are: [{listed}].\n"
+                  if admissible else "")
+    no_his_t, his_t = {"webshop": (_WEBSHOP_NO_HIS, _WEBSHOP_HIS), "alfworld": (_ALFWORLD_NO_HIS, _ALFWORLD_HIS)
+                       }.get(env_name, (_TEXT_NO_HIS, _TEXT_HIS))
+    no_his = no_his_t.format(**fields)
     if step == 0 or history_length <= 0 or not memory:
         return no_his
     text, n = format_history(memory, step, history_length)
-    template = _WEBSHOP_HIS if webshop else _ALFWORLD_HIS
+    template = his_t
     prompt = template.format(step=step, n=n, history=text, current=step + 1, **fields)
     return no_his if webshop and len(prompt) > WEBSHOP_MAX_PROMPT_CHARS else prompt
 

@@ -167,8 +167,8 @@ class EvalArgs:
     """untrained model for the first row: 'tiny', 'smollm2', a directory or a hub id"""
     preset: Literal["none", "tiny", "learn"] = "none"
     """base config when the first checkpoint has no smrc_config.json (or with --baseline only)"""
-    env: Literal["alfworld", "webshop"] | None = None
-    """environment (default: the checkpoint's)"""
+    env: str | None = None
+    """environment: alfworld | webshop | textworld | package.module:Class (default: the checkpoint's)"""
     split: str = "eval"
     """ALFWorld: valid_seen | valid_unseen (official) | eval (generated, or the official eval split); WebShop:
     eval"""

@@ -24,6 +24,7 @@ class Step:
     history_key: str      # history key before acting (envs.history_key chain)
     observation: str      # observation shown at this turn
     action: str           # the parsed (or fallback) action sent to the env
+    observation_key: str = ""  # envs.signature_key of the state's envs.observation_signature
 
 
 @dataclass

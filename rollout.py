@@ -61,6 +61,8 @@ class Episode:
     admissible: list[str] = field(default_factory=list)
     signature: envs.Signature = ()
     history_key: str = ""
+    observation_key: str = ""  # envs.signature_key of the generic signature (envs.observation_signature)
+    unchanged_by: tuple[str, ...] = ()  # actions since the observation last changed
     memory: list[tuple[str, str]] = field(default_factory=list)  # (observation, action) of earlier turns
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
@@ -77,7 +79,11 @@ class Episode:
 def observe(ep: Episode, res: envs.StepResult, first: bool, action: str = "") -> None:
     """Take the env's answer (to reset if `first`, else to `action`) into the episode's state."""
     ep.history_key = envs.history_key("" if first else ep.history_key, action, res.observation)
-    ep.observation, ep.admissible, ep.signature = res.observation, res.admissible, res.signature
+    ep.unchanged_by = () if first else envs.unchanged_by(ep.unchanged_by, ep.observation, action, res.observation)
+    generic = envs.observation_signature(ep.task.task_id, res.observation, res.admissible, ep.unchanged_by)
+    ep.observation_key = envs.signature_key(generic)
+    ep.observation, ep.admissible = res.observation, res.admissible
+    ep.signature = res.signature or generic  # an environment without a signature of its own: the generic one
     ep.result = res
     ep.goal = res.goal if first else ep.goal
     ep.won, ep.score = res.won, res.score
@@ -208,7 +214,7 @@ def replay(env, task: envs.Task, actions: list[str], episode: Episode | None = N
 
 def _step(ep: Episode, action: str) -> Step:
     """The episode's current state and the action taken in it."""
-    return Step(ep.signature, ep.history_key, ep.observation, action)
+    return Step(ep.signature, ep.history_key, ep.observation, action, ep.observation_key)
 
 
 def to_trajectory(ep: Episode, traj_id: str | None = None) -> Trajectory:

@@ -6,10 +6,11 @@ What it does (paper "State-matched routing" and "State-contextualized teacher co
   solutions. A trajectory is never its own reference.
 - `route(turns, bank, cfg, rng)` runs the configured matcher (MATCHERS) over a batch of turns and sets, on
   each turn, `turn.match`: a `Match` (reference, position j, candidate action = the reference's action at j)
-  or None (GRPO signal only): `structured` (signature equality, SMRC-SD), `history` (the prompt's view: the
-  last h (observation, action) pairs and the current observation), `history-full` (the whole
-  action/observation prefix), `random` (control), `with-reference` (FullPath-SD: every turn of a task with a
-  reference), `every-turn` (with or without a reference: the skill-context baselines), `none` (GRPO).
+  or None (GRPO signal only): `structured` (signature equality, SMRC-SD), `observation` (equality of the
+  generic signature, envs.observation_signature: any environment, no hand-written fields), `history` (the
+  prompt's view: the last h (observation, action) pairs and the current observation), `history-full` (the
+  whole action/observation prefix), `random` (control), `with-reference` (FullPath-SD: every turn of a task
+  with a reference), `every-turn` (with or without a reference: the skill-context baselines), `none` (GRPO).
 - `teacher_context` builds the privileged text around the student's ordinary prompt; every word of it is in
   the module-level templates below (`skill_text` reads the Skill-SD / SDAR skill files under skills/).
 
@@ -52,12 +53,13 @@ from records import WITHOUT_REFERENCE, Match, Step, Trajectory, Turn
 
 @dataclass
 class RouterConfig:
-    matcher: Literal["structured", "history", "history-full", "random", "with-reference", "every-turn",
-                     "none", "all", "every"] | None = None
-    """turns to distil: structured (SMRC-SD), history (last h pairs + observation), history-full (same
-    prefix), random (control), with-reference (FullPath-SD: every turn of a task with a reference), every-turn
-    (reference or not), none; all / every are the old names of with-reference / every-turn; None = set by
-    --algo"""
+    matcher: Literal["structured", "observation", "history", "history-full", "random", "with-reference",
+                     "every-turn", "none", "all", "every"] | None = None
+    """turns to distil: structured (SMRC-SD: the environment's signature), observation (the generic signature
+    of envs.observation_signature, for any environment), history (last h pairs + observation), history-full
+    (same prefix), random (control), with-reference (FullPath-SD: every turn of a task with a reference),
+    every-turn (reference or not), none; all / every are the old names of with-reference / every-turn; None =
+    set by --algo"""
     context: Literal["trajectory", "summary", "candidate", "smrc", "skill", "fullpath", "full"] | None = None
     """teacher context: trajectory (FullPath-SD), summary (+state), candidate (+candidate action), smrc
     (trajectory + state + candidate: SMRC-SD), skill (skill files); fullpath / full are the old names of
@@ -154,8 +156,8 @@ def as_signature(x):
 
 
 def _trajectory_from_json(d: dict) -> Trajectory:
-    steps = [Step(as_signature(s["signature"]), s["history_key"], s["observation"], s["action"])
-             for s in d["steps"]]
+    steps = [Step(as_signature(s["signature"]), s["history_key"], s["observation"], s["action"],
+                  s.get("observation_key", "")) for s in d["steps"]]
     return Trajectory(d["task_id"], d["traj_id"], steps, d["success"], d["final_observation"])
 
 
@@ -174,6 +176,10 @@ Key = Callable[[Sequence[Step] | Mapping[int, Step], int], Hashable]
 
 def signature_at(steps, j: int) -> Hashable:
     return steps[j].signature
+
+
+def observation_at(steps, j: int) -> Hashable:
+    return steps[j].observation_key or None  # None: a bank entry from before the key (never equal to a key)
 
 
 def prefix_at(steps, j: int) -> Hashable:
@@ -238,6 +244,7 @@ MATCHERS: dict[str, Callable[[list[Turn], list[list[Trajectory]], RouterConfig, 
     "history": lambda turns, refs, cfg, rng: match_state(
         turns, refs, functools.partial(window_at, h=cfg.history_window)),
     "history-full": lambda turns, refs, cfg, rng: match_state(turns, refs, prefix_at),
+    "observation": lambda turns, refs, cfg, rng: match_state(turns, refs, observation_at),
     "random": _random,
     "with-reference": lambda turns, refs, cfg, rng: [match_all(t, r) for t, r in zip(turns, refs)],
     "every-turn": lambda turns, refs, cfg, rng: [match_all(t, r) or WITHOUT_REFERENCE
@@ -269,7 +276,7 @@ def route(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig, rng: random
         turn.match = match
 
 
-AUDITED = ("structured", "history")  # the matchers the rollout archive keeps for `evaluate.py audit`
+AUDITED = ("structured", "history", "observation")  # the matchers the archive keeps for `evaluate.py audit`
 
 
 def audited_matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig) -> dict[str, list]:

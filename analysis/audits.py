@@ -38,7 +38,7 @@ import rollout
 from router import as_signature
 from scale.run_logs import read_archive
 
-MATCH_KEYS = {"structured": "structured", "history": "history_match",
+MATCH_KEYS = {"structured": "structured", "history": "history_match", "observation": "observation_match",
               "routed": "match"}  # matcher -> archive column
 AUDIT_MAX_STEPS = 10_000  # choice 1: the step limit lifted
 
@@ -50,8 +50,9 @@ class AuditArgs:
     """run directory holding rollouts.jsonl.gz and config.json"""
     samples: int = 100
     """matched turns audited per matcher (sampled with --seed; all if fewer)"""
-    matchers: tuple[str, ...] = ("structured", "history", "routed")
-    """which archived matches to replay: structured, history, routed (the run's own matcher)"""
+    matchers: tuple[str, ...] = ("structured", "history", "observation", "routed")
+    """which archived matches to replay: structured, history, observation (the generic signature), routed
+    (the run's own matcher)"""
     seed: int = 0
     """sampling seed"""
     output: str = ""
@@ -85,7 +86,21 @@ def matcher_comparison(rows: list[dict]) -> dict:
         "structured_matches_reproduced_by_history": _share(len(common), len(s)),
         "candidate_agreement_on_common": _share(same_cand, len(common)),
         "same_reference_position_on_common": _share(same_pos, len(common)),
+        **_against_structured(rows, "observation", "observation_match"),
     }
+
+
+def _against_structured(rows: list[dict], name: str, key: str) -> dict:
+    """A matcher's coverage beside the structured one's, the share of each one's matches the other makes, and
+    how often both pick the same candidate where both match."""
+    s = {i for i, r in enumerate(rows) if r.get("structured")}
+    m = {i for i, r in enumerate(rows) if r.get(key)}
+    common = s & m
+    same = sum(rows[i]["structured"]["candidate"] == rows[i][key]["candidate"] for i in common)
+    return {f"{name}_matches": len(m), f"coverage_{name}": _share(len(m), len(rows)),
+            f"{name}_matches_reproduced_by_structured": _share(len(common), len(m)),
+            f"structured_matches_reproduced_by_{name}": _share(len(common), len(s)),
+            f"candidate_agreement_{name}_structured": _share(same, len(common))}
 
 
 def audit_env_config(env_cfg):
@@ -175,10 +190,15 @@ def format_audit(comparison: dict, replay: dict) -> str:
              f"same candidate {pct(c['candidate_agreement_on_common'])} [paper "
              f"{PAPER['candidate_agreement_on_common']}], "
              f"same reference position {pct(c['same_reference_position_on_common'])}",
+             f"  observation (generic signature) covers {pct(c.get('coverage_observation'))} "
+             f"({c.get('observation_matches', 0)}); it reproduces "
+             f"{pct(c.get('structured_matches_reproduced_by_observation'))} of the structured matches, "
+             f"structured {pct(c.get('observation_matches_reproduced_by_structured'))} of its; same "
+             f"candidate on the common ones {pct(c.get('candidate_agreement_observation_structured'))}",
              "Replay audit (successes/audited; restore failures and missing prefixes are not "
              "match failures):"]
     for m, r in replay.items():
-        lines.append(f"  {m:10s} {r['summary']:>9s} ({pct(r['success_rate'])})"
+        lines.append(f"  {m:11s} {r['summary']:>9s} ({pct(r['success_rate'])})"
                      f" | restore failed {r['restore_failed']}"
                      f" | prefix missing {r['prefix_missing']}"
                      f" | sampled {r['sampled']} of {r['matched_turns']} matched"

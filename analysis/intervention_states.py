@@ -80,7 +80,7 @@ class InterveneArgs:
     """the run's settings (smrc.py presets): action space, prompt, step limit, sampling temperature; a
     checkpoint folder's smrc_config.json replaces them (WebShop: --preset tiny; learn has no WebShop
     settings)"""
-    env: Literal["alfworld", "webshop"] | None = None
+    env: Literal["alfworld", "webshop"] | None = None  # the intervention has state rules for these two
     """environment the states are built in (default: the run's, i.e. the checkpoint's or the preset's:
     alfworld)"""
     references: Literal["policy", "planner"] = "policy"

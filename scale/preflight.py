@@ -31,6 +31,7 @@ import torch
 import envs
 from embedded.tiny import cache_dir
 from embedded.warmstart import RECIPES, TINY
+from environments import external
 from environments.alfworld import OFFICIAL_SPLITS, TASK_TYPES
 from environments.alfworld_games import SPLITS as GENERATED_SPLITS
 from scale.checkpoint import CHECKSUMS, checkpoints, intact_hint, record_config, resume_checkpoint, verify
@@ -102,6 +103,8 @@ ENV_RULES = {  # the settings only one environment has
     "alfworld": [("alfworld.num_train_games", int_at_least(1)), ("alfworld.num_eval_games", int_at_least(1)),
                  ("alfworld.game_cache_size", int_at_least(1))],
     "webshop": [("webshop.num_products", int_at_least(1)), ("webshop.num_eval_goals", int_at_least(1))],
+    "textworld": [("textworld.num_train_games", int_at_least(1)), ("textworld.num_eval_games", int_at_least(1))],
+    "external": [("external.num_train_tasks", int_at_least(1)), ("external.num_eval_tasks", int_at_least(1))],
 }
 EVAL_RULES = [  # evaluate.py eval's numbers (None: the checkpoint's value)
     ("k", int_at_least(1)),
@@ -114,7 +117,10 @@ EVAL_RULES = [  # evaluate.py eval's numbers (None: the checkpoint's value)
 
 
 def validate_config(cfg) -> None:
-    check_rules(cfg, [(name.format(env=cfg.env), rule) for name, rule in RULES + ENV_RULES[cfg.env]])
+    env = cfg.env if cfg.env in ENV_RULES else "external"  # --env package.module:Class
+    check_rules(cfg, [(name.format(env=env), rule) for name, rule in RULES + ENV_RULES[env]])
+    if env == "external":
+        external.load_class(cfg.env)  # it imports and has what the contract asks (one error line if not)
     if cfg.env == "alfworld":
         unknown = [t for t in cfg.alfworld.task_types if t not in TASK_TYPES]
         if unknown or not cfg.alfworld.task_types:
@@ -158,6 +164,8 @@ def check_inputs(cfg) -> tuple[list[envs.Task], list[envs.Task]]:
     if not train:
         raise SystemExit(f"error: the {cfg.env} train split has no task under these settings (game counts, "
                          f"task types, eval goals); nothing to train on")
+    if isinstance(cfg.env_cfg, external.ExternalConfig):
+        external.check(cfg.env_cfg)  # its first reset answers as the contract says
     return train, envs.stratified_subset(panel, cfg.eval_tasks, cfg.seed)
 
 

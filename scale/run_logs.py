@@ -41,6 +41,8 @@ def archive_rows(step: int, episodes: list, audited: dict[str, list]) -> list[di
              "routed": t.match is not None, "match": _match_json(t.match),
              "structured": _match_json(audited["structured"][i]),
              "history_match": _match_json(audited["history"][i]),
+             "observation_match": _match_json(audited["observation"][i]),
+             "observation_key": t.step.observation_key,
              "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret}
             for i, (ep, t) in enumerate(pairs)]
 
