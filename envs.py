@@ -310,8 +310,8 @@ Your admissible actions of the current situation are: \n[
 
 Now it's your turn to take one action for the current step.
 {instruction}"""
-# Any other environment (TextWorld, one of your own): ALFWorld's wording without its world; the admissible line
-# only where the environment lists actions.
+# Any other environment (TextWorld, one of your own): ALFWorld's wording without its world; the admissible
+# line only where the environment lists actions.
 _TEXT_NO_HIS = """
 You are an expert agent operating in a text-based environment. Your task is to: {goal}.
 Your current observation is: {observation}
@@ -362,8 +362,8 @@ def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: 
                   admissible="\n".join(f"'{a}'," for a in admissible) if webshop else listed,
                   admissible_line=f"Your admissible actions of the current situation are: [{listed}].\n"
                   if admissible else "")
-    no_his_t, his_t = {"webshop": (_WEBSHOP_NO_HIS, _WEBSHOP_HIS), "alfworld": (_ALFWORLD_NO_HIS, _ALFWORLD_HIS)
-                       }.get(env_name, (_TEXT_NO_HIS, _TEXT_HIS))
+    templates = {"webshop": (_WEBSHOP_NO_HIS, _WEBSHOP_HIS), "alfworld": (_ALFWORLD_NO_HIS, _ALFWORLD_HIS)}
+    no_his_t, his_t = templates.get(env_name, (_TEXT_NO_HIS, _TEXT_HIS))
     no_his = no_his_t.format(**fields)
     if step == 0 or history_length <= 0 or not memory:
         return no_his

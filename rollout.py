@@ -79,7 +79,8 @@ class Episode:
 def observe(ep: Episode, res: envs.StepResult, first: bool, action: str = "") -> None:
     """Take the env's answer (to reset if `first`, else to `action`) into the episode's state."""
     ep.history_key = envs.history_key("" if first else ep.history_key, action, res.observation)
-    ep.unchanged_by = () if first else envs.unchanged_by(ep.unchanged_by, ep.observation, action, res.observation)
+    ep.unchanged_by = () if first else envs.unchanged_by(ep.unchanged_by, ep.observation, action,
+                                                         res.observation)
     generic = envs.observation_signature(ep.task.task_id, res.observation, res.admissible, ep.unchanged_by)
     ep.observation_key = envs.signature_key(generic)
     ep.observation, ep.admissible = res.observation, res.admissible

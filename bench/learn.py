@@ -279,8 +279,8 @@ def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
     """Copy a record's evaluations of this very warm start into OUT/eval instead of repeating them (two
     evaluations, ~30 min on 2 cores). A sweep record (learn_sweep_v21) keeps its warm start as
     RECORD/warm_start/, pinned by RECORD/warm_start.json, and its evaluations as
-    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: bench/archives.py); one is taken only
-    for the same weights (sha256), the same number of games and the same k."""
+    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: bench/archives.py); one is taken
+    only for the same weights (sha256), the same number of games and the same k."""
     record, out = Path(args.model).parent, Path(args.out) / "eval"
     pin = record / "warm_start.json"
     if not pin.exists() or json.loads(pin.read_text()).get("sha256") != sha:

@@ -1,4 +1,4 @@
-"""An environment from outside the project: `python smrc.py --env package.module:Class` (the contract: envs.py).
+"""An environment from outside the project: `python smrc.py --env package.module:Class` (contract: envs.py).
 
 `Class` is either
 - an `envs.EpisodeConfig` subclass: the whole contract in your hands (tasks by split, an env with reset(task)
@@ -58,7 +58,10 @@ class ExternalConfig(EpisodeConfig):
         return env.make_env() if isinstance(env, EpisodeConfig) else TextEnvAdapter(env, self.max_steps)
 
     def plan(self, task: Task, actions: list[str], timeout_s: float) -> PlanResult:
-        t0, env = time.perf_counter(), self.make_env()
+        built = self.build()
+        if isinstance(built, EpisodeConfig):
+            return built.plan(task, actions, timeout_s)
+        t0, env = time.perf_counter(), TextEnvAdapter(built, self.max_steps)
         try:
             if isinstance(env, TextEnvAdapter) and hasattr(env.env, "walkthrough") and not actions:
                 env.reset(task)

@@ -103,7 +103,8 @@ ENV_RULES = {  # the settings only one environment has
     "alfworld": [("alfworld.num_train_games", int_at_least(1)), ("alfworld.num_eval_games", int_at_least(1)),
                  ("alfworld.game_cache_size", int_at_least(1))],
     "webshop": [("webshop.num_products", int_at_least(1)), ("webshop.num_eval_goals", int_at_least(1))],
-    "textworld": [("textworld.num_train_games", int_at_least(1)), ("textworld.num_eval_games", int_at_least(1))],
+    "textworld": [("textworld.num_train_games", int_at_least(1)),
+                  ("textworld.num_eval_games", int_at_least(1))],
     "external": [("external.num_train_tasks", int_at_least(1)), ("external.num_eval_tasks", int_at_least(1))],
 }
 EVAL_RULES = [  # evaluate.py eval's numbers (None: the checkpoint's value)

@@ -40,9 +40,9 @@ def test_the_documented_example_trains_with_distilled_turns(tmp_path):
     assert len(example_source().splitlines()) <= 60
     (tmp_path / "key_door.py").write_text(example_source())
     out = tmp_path / "run"
-    proc = smrc(tmp_path, "--env", "key_door:KeyDoor", "--preset", "tiny", "--steps", "2", "--save-every", "2",
-                "--rollout.tasks-per-step", "2", "--rollout.group-size", "3", "--external.max-steps", "8",
-                "--output-dir", str(out))
+    proc = smrc(tmp_path, "--env", "key_door:KeyDoor", "--preset", "tiny", "--steps", "2",
+                "--save-every", "2", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",
+                "--external.max-steps", "8", "--output-dir", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -55,7 +55,8 @@ BAD = {
     "no_step": ("bad_env:NoStep", "class NoStep:\n    def reset(self, seed=None, options=None):\n"
                 "        return 'obs', {}\n", "NoStep has no step method"),
     "not_a_string": ("bad_env:Numbers", "class Numbers:\n    def reset(self, seed=None, options=None):\n"
-                     "        return 42, {}\n    def step(self, action):\n        return 42, 0.0, True, False, {}\n",
+                     "        return 42, {}\n    def step(self, action):\n"
+                     "        return 42, 0.0, True, False, {}\n",
                      "the observation is a int, not a str"),
     "bad_admissible": ("bad_env:Listless", "class Listless:\n    def reset(self, seed=None, options=None):\n"
                        "        return 'obs', {'admissible_commands': 'go north'}\n"
@@ -129,7 +130,8 @@ def test_the_adapter_follows_the_built_in_conventions(tmp_path):
         plan = cfg.plan(tasks[0], [], 10.0)
         assert plan.status == "ok" and first.goal == "open the door" and first.signature == ()
         results = envs.replay(env, tasks[0], plan.actions)
-        assert results[-1].won and results[-1].reward == 10.0 and results[-1].done and results[-1].score == 1.0
+        won = results[-1]
+        assert won.won and won.reward == 10.0 and won.done and won.score == 1.0
         env.reset(tasks[0])
         lost = envs.replay(env, tasks[0], ["go to hall"] * 5)
         assert lost[-1].done and lost[-1].info["truncated"] and not lost[-1].won

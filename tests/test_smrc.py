@@ -44,7 +44,8 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def smrc_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smrc")
-    # λ 0.1: the tiny preset's until issue 57, at which the run was recorded (test_numbers_equal_the_recorded_run)
+    # λ 0.1: the tiny preset's until issue 57, at which the run was recorded
+    # (test_numbers_equal_the_recorded_run)
     proc = run(*FAST, "--steps", "2", "--save-every", "1", "--grpo.sd-coef", "0.1", "--output-dir", str(out))
     (out / "stdout.txt").write_text(proc.stdout)
     return out
@@ -217,7 +218,8 @@ def test_lambda_applied_after_algo_preset_and_flag():
     """A preset's λ is of the reverse-kl forms only; the skill-text forms keep their anchor λ;
     --grpo.sd-coef wins."""
     import smrc
-    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"), ("tiny", "smrc-sd"),
+    runs = [("learn", "smrc-sd"), ("learn", "grpo"), ("learn", "sdar"), ("tiny", "skill-sd"),
+            ("tiny", "smrc-sd"),
             ("none", "fullpath-sd"), ("learn", "sdar", "--grpo.sd-coef", "0.5"),
             ("learn", "smrc-sd", "--grpo.sd-loss", "grpo-opsd")]
     lam = [smrc.parse_config(["--preset", preset, "--algo", algo, *flags]).grpo.sd_coef
