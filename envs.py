@@ -1,5 +1,14 @@
 """The contract every environment implements, and what the trainer needs of any environment.
 
+The contract. An environment MUST give tasks by split (`load_tasks("train" | "eval")`, each a `Task`) and an
+env whose reset(task) and step(action) answer a `StepResult`: observation (str), reward, done, won, score,
+goal. It MAY give the admissible actions (`StepResult.admissible`: shown in the prompt, needed by restricted
+decoding), a structured signature (`StepResult.signature`; else the generic `observation_signature` is
+used), a planner (`plan`: references for --router.seed-with-planner; else the policy's own successes) and
+the state summary's fields (the signature's). Built in: ALFWorld, WebShop, TextWorld (environments/); one of
+yours in one file, gymnasium-style or as an `EpisodeConfig` subclass: `--env package.module:Class`
+(environments/external.py; docs/environments.md).
+
 What it holds (a leaf: it imports nothing from the project; the implementations live in environments/):
 - `Task`, `StepResult`, `Signature`, `ParsedAction`, `PlanResult`, `DataError`, `EnvError`.
 - `EpisodeConfig`: the settings every environment's config shares. An environment's config subclasses it and

@@ -18,6 +18,8 @@ Usage:
   python smrc.py --env alfworld --model Qwen/Qwen3-1.7B                 # paper scale, official ALFWorld data
   python smrc.py --env webshop --algo fullpath-sd --router.matcher structured   # an ablation row
   python smrc.py --env alfworld --algo sdar --router.context trajectory         # SDAR's loss, a trajectory
+  python smrc.py --env textworld --preset tiny                                  # TextWorld's generated games
+  python smrc.py --env my_package.my_env:MyEnv         # your environment (docs/environments.md, envs.py)
   torchrun --nproc_per_node 8 smrc.py --env alfworld --model Qwen/Qwen3-1.7B
 
 Inference and evaluation see only the ordinary prompt: reference, signatures and teacher context exist only in
