@@ -233,7 +233,7 @@ def webshop_signature(task_id: str, page: str, keywords: tuple, results_page: in
 
 
 def observation_signature(task_id: str, observation: str, admissible: list[str] | None,
-                          unchanged_by: tuple[str, ...]) -> Signature:
+                          unchanged_by: tuple[str, ...], taken: tuple[str, ...] = ()) -> Signature:
     """The state signature nobody writes by hand, from what every text environment gives (the `observation`
     matcher's, and the signature of an environment that gives none):
       task          the task id.
@@ -244,11 +244,18 @@ def observation_signature(task_id: str, observation: str, admissible: list[str] 
       unchanged_by  the actions taken since the observation last changed, as a sorted set (`unchanged_by`):
                     hidden state that neither the text nor the actions show (WebShop's options: the item
                     page's text does not change when one is clicked) is told apart by the clicks that set it.
-    States the three cannot tell apart match; `evaluate.py audit` measures what that costs (docs/results.md,
-    the audit table)."""
+      spent         the episode's earlier actions (`taken`) that cannot be taken here, as a sorted set (with
+                    an admissible list only): what the path did rather than where it is. Moving stays
+                    admissible, so a detour does not split equal states; cleaning the soapbar at the sink
+                    cannot be done at the bathtub, so holding a clean soapbar there differs from holding a
+                    dirty one (the case the ALFWorld audit found).
+    States these cannot tell apart match; `evaluate.py audit` measures what that costs (docs/results.md, the
+    audit table)."""
+    here = None if admissible is None else {normalise(a) for a in admissible}
+    spent = () if here is None else tuple(sorted({normalise(a) for a in taken} - here))
     return (("task", task_id), ("observation", normalise(observation)),
             ("admissible", None if admissible is None else tuple(sorted(set(admissible)))),
-            ("unchanged_by", tuple(sorted(set(unchanged_by)))))
+            ("unchanged_by", tuple(sorted(set(unchanged_by)))), ("spent", spent))
 
 
 def normalise(text: str) -> str:

@@ -102,6 +102,21 @@ def test_the_same_room_with_or_without_an_apple_in_hand_does_not_match():
     assert a != envs.observation_signature("other task", room, free, ())
 
 
+def test_a_clean_or_a_dirty_soapbar_in_hand_at_the_bathtub_does_not_match():
+    """The text and the admissible actions are the same; cleaning it at the sink, which cannot be done here,
+    is in one path only (the case the ALFWorld audit found)."""
+    here = "You arrive at bathtubbasin 1. On the bathtubbasin 1, you see nothing."
+    admissible = ["go to sinkbasin 1", "go to shelf 1", "move soapbar 1 to bathtubbasin 1"]
+    dirty = ("go to sinkbasin 1", "take soapbar 1 from sinkbasin 1", "go to bathtubbasin 1")
+    clean = dirty[:2] + ("clean soapbar 1 with sinkbasin 1",) + dirty[2:]
+    sig = {k: envs.observation_signature("t", here, admissible, (), k) for k in (dirty, clean)}
+    assert sig[dirty] != sig[clean]
+    assert dict(sig[clean])["spent"] == ("clean soapbar 1 with sinkbasin 1", "go to bathtubbasin 1",
+                                         "take soapbar 1 from sinkbasin 1")
+    detour = ("go to shelf 1", "go to sinkbasin 1") + dirty[1:]  # moving stays admissible: no split
+    assert envs.observation_signature("t", here, admissible, (), detour) == sig[dirty]
+
+
 def test_hidden_state_without_admissible_actions_is_told_by_the_actions_that_left_the_text_unchanged():
     """An option clicked on an item page leaves its text as it was: the click tells the states apart."""
     page = "Item: red or blue shirt [SEP] Buy Now"
