@@ -168,9 +168,10 @@ def test_no_privileged_text_in_rollout_prompts(tiny, tmp_path):
 
 
 def test_resume_reproduces_the_uninterrupted_run(smrc_run, tmp_path):
-    full, part = smrc_run, tmp_path / "part"  # the uninterrupted run: smrc_run's 2 steps
-    run(*FAST, "--steps", "1", "--save-every", "100", "--output-dir", str(part))   # "killed" after step 1
-    run(*FAST, "--steps", "2", "--save-every", "100", "--resume", "--output-dir", str(part))
+    full, part = smrc_run, tmp_path / "part"  # the uninterrupted run: smrc_run's 2 steps, at its λ
+    same = (*FAST, "--grpo.sd-coef", "0.1", "--save-every", "100", "--output-dir", str(part))
+    run(*same, "--steps", "1")               # "killed" after step 1
+    run(*same, "--steps", "2", "--resume")
     def archive_steps(run_dir):
         with gzip.open(run_dir / "rollouts.jsonl.gz", "rt") as f:
             return [json.loads(line)["step"] for line in f]

@@ -102,7 +102,7 @@ def test_every_row_reaches_every_tracker_under_its_name_and_step(tracked):
                 logged = {m.step: m.value for m in client.get_metric_history(ids["mlflow"], key)}
                 assert _same(logged[step], value), (step, key)
     params = client.get_run(ids["mlflow"]).data.params  # the resolved config as the run's parameters
-    assert params["algo"] == "smrc-sd" and params["resolved.sd_coef"] == "0.1"
+    assert params["algo"] == "smrc-sd" and params["resolved.sd_coef"] == "0.02"  # the tiny preset's
 
 
 def test_a_resume_and_an_evaluation_continue_the_same_tracker_runs(tracked):
