@@ -1,2 +1,2 @@
-"""Benchmarks and checks, run from the repository root: `python bench/bench_sd.py`,
-`python bench/bench_rollout.py`, `python bench/cuda_check.py`."""
+"""Benchmarks and checks, run from the repository root: `python bench/step.py`,
+`python bench/bench_rollout.py`, `bash bench/gpu_check.sh`."""

@@ -2,15 +2,15 @@
 # One GPU lease's checks, in order, each under its own time limit (under 10 minutes in all), logs under $OUT
 # (default runs/gpu_check):
 #   1. the machine (nvidia-smi, torch, transformers);
-#   2. memory: bench/gpu.py, 2 SMRC-SD steps of a random Qwen3-1.7B from its config (no download; the
-#      transformers engine: the lent device has no vLLM) at the paper config's prompt limit (2048), cut to
-#      fit the time: 4 tasks x 4 rollouts (paper 16 x 8), <= 5 turns, 128 new tokens; prints mem/* per phase
-#      beside the plan (scale/memory_plan.py);
-#   3. bench/cuda_check.py: the tiny preset on CUDA under python and torchrun (NCCL), from v21's weights;
-#   4. bench/gpu.py --decode-profile --steps 0: ms per decode step of the generation variants.
-# FULL=1 adds bench/gpu.py's GRPO-vs-SMRC-SD step timing (5 more minutes).
-# The CUDA check trains the committed v21 warm start, so no stage spends its minutes on a build. An offline
-# GPU node needs `bash ../shared/tools/gpu_site.sh` run here first:
+#   2. memory: bench/step.py --arch qwen3-1.7b, 2 SMRC-SD steps of a random Qwen3-1.7B from its config (no
+#      download; the transformers engine: the lent device has no vLLM) at the paper config's prompt limit
+#      (2048), cut to fit the time: 4 tasks x 4 rollouts (paper 16 x 8), <= 5 turns, 128 new tokens; prints
+#      mem/* per phase beside the plan (scale/memory_plan.py);
+#   3. CUDA: the tiny preset's smrc.py, 3 steps from v21's committed weights (no build), under python and
+#      under torchrun --nproc_per_node 1 (NCCL); each run's metrics.jsonl under $OUT;
+#   4. bench/decode.py: ms per decode step of the generation variants.
+# FULL=1 adds bench/step.py's GRPO-vs-SMRC-SD step timing (5 more minutes). An offline GPU node needs
+# `bash ../shared/tools/gpu_site.sh` run here first:
 #     PYTHONPATH=.gpu-site:. bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +27,11 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/
 }
 stage machine 30 bash -c "nvidia-smi; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(), \"transformers\", transformers.__version__)'"
-stage memory 300 "$PY" bench/gpu.py --algos smrc-sd --steps 2 --new-tokens 128 --max-prompt-tokens 2048 \
-  --json "$OUT/memory.json"
-stage cuda_check 150 "$PY" bench/cuda_check.py --model bench/results/learn_sweep_v21/warm_start
-stage decode 90 "$PY" bench/gpu.py --decode-profile --steps 0 --json "$OUT/decode.json"
-if [ "${FULL:-0}" = 1 ]; then stage gpu 300 "$PY" bench/gpu.py --json "$OUT/gpu.json"; fi
+stage memory 300 "$PY" bench/step.py --arch qwen3-1.7b --algos smrc-sd --steps 2 --floor-repeats 0 \
+  --json "$OUT/memory.json" -- --rollout.sampling.max-new-tokens 128 --rollout.max-prompt-tokens 2048
+TINY=(smrc.py --preset tiny --steps 3 --save-every 3 --device cuda --model bench/results/learn_sweep_v21/warm_start)
+stage cuda_python 75 "$PY" "${TINY[@]}" --output-dir "$OUT/cuda_python"
+stage cuda_torchrun 75 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "${TINY[@]}" \
+  --output-dir "$OUT/cuda_torchrun"
+stage decode 90 "$PY" bench/decode.py --json "$OUT/decode.json"
+if [ "${FULL:-0}" = 1 ]; then stage step 300 "$PY" bench/step.py --arch qwen3-1.7b --json "$OUT/step.json"; fi

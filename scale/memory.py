@@ -12,7 +12,7 @@
 - `return_freed_memory()`: glibc keeps freed blocks below its dynamic mmap threshold (up to 32 MiB) in its
   heap, so the resident size of a step grows with the largest working set seen, not with the live tensors.
   A fixed threshold (`MMAP_THRESHOLD`) hands every larger block back to the kernel when torch frees it: the
-  peak then follows what the micro-batch budget bounds (bench/step.py --memory measures both).
+  peak then follows what the micro-batch budget bounds (bench/memory.py measures both).
 
 This module imports nothing from the project (a leaf).
 """
