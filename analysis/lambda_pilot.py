@@ -138,6 +138,39 @@ def report(p: Pilot, target: float) -> list[str]:
     return lines
 
 
+PILOT_LENGTHS = (5, 10)  # the pilot lengths (steps) whose reading of a run's strength a sweep's report checks
+
+
+def pilot_agreement(runs: list[list[dict]], steps: tuple[int, ...] = PILOT_LENGTHS) -> dict[int, dict]:
+    """How far a short pilot's reading of the SD term's strength is from what a whole run measured (a sweep's
+    report checks PILOT_STEPS with it: bench/learn_report.py): per run (its metrics rows) with an SD term,
+    the median SD / GRPO gradient share over all its steps over the median over its first K steps, then
+    their median, 10% and 90% quantiles and how many are within 1.5×. The first steps run at the run's own λ:
+    a stand-in for a pilot at λ₀, exact where the share is λ times a constant (share_per_unit_lambda checks
+    that)."""
+    training = [[m for m in rows if "actor/sd_grpo_grad_ratio" in m] for rows in runs]
+    out = {}
+    for k in steps:
+        heads = [(rows, finite_ratios(rows[:k])) for rows in training]
+        ratios = [float(np.median(finite_ratios(rows)) / np.median(head)) for rows, head in heads if head]
+        if ratios:
+            q10, q50, q90 = np.quantile(ratios, [0.1, 0.5, 0.9])
+            out[k] = {"runs": len(ratios), "median": float(q50), "q10": float(q10), "q90": float(q90),
+                      "within_1.5x": sum(1 / 1.5 <= x <= 1.5 for x in ratios)}
+    return out
+
+
+def share_per_unit_lambda(rows: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
+    """The SD / GRPO gradient share per unit λ, u = share / λ (mean ± SE over seeds), of the rows whose names
+    differ only in their -lam<λ>: the pilot's premise is that u does not depend on λ."""
+    groups: dict[str, dict[str, tuple[float, float]]] = {}
+    for r in rows:
+        if "sd/grpo" in r and "-lam" in r["name"]:
+            base, lam = r["name"].rsplit("-lam", 1)
+            groups.setdefault(base, {})[lam] = tuple(x / float(lam) for x in r["sd/grpo"])
+    return {base: us for base, us in groups.items() if len(us) > 1}
+
+
 def run_pilot(steps: int, out: Path, launcher: str, flags: list[str]) -> None:
     """smrc.py with the user's flags for `steps` steps at λ₀ = PILOT_SD_COEF into `out`, no validation,
     one checkpoint at the end; stops with smrc.py's exit code if it fails."""

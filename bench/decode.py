@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.step import ARCHS, build_model  # noqa: E402
+from bench.step import ARCHS, _sync, build_model  # noqa: E402
 from embedded import tiny  # noqa: E402
 from models import HFEngine, SamplingConfig  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
@@ -47,12 +47,10 @@ def profile(args, tok, device: torch.device) -> dict[str, float]:
                            eos_token_id=tok.eos_token_id)
 
     def seconds(run, n):
-        if cuda:
-            torch.cuda.synchronize(device)
+        _sync(device)
         t = time.perf_counter()
         run(n)
-        if cuda:
-            torch.cuda.synchronize(device)
+        _sync(device)
         return time.perf_counter() - t
     variants = {"engine float32": engine(False, False), "engine bf16": engine(True, False),
                 "engine static cache (float32)": engine(True, True), "plain generate (bf16 on CUDA)": plain}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.lambda_pilot import finite_ratios, run_strength
+from analysis.lambda_pilot import pilot_agreement, run_strength, share_per_unit_lambda
 from bench import archives
 
 
@@ -218,38 +218,6 @@ def readme_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-PILOT_LENGTHS = (5, 10)  # the pilot lengths (steps) whose reading of a run's strength the report checks
-
-
-def pilot_agreement(runs: list[Path], steps: tuple[int, ...] = PILOT_LENGTHS) -> dict[int, dict]:
-    """How far a short pilot's reading of the SD term's strength (analysis/lambda_pilot.py) is from what a
-    whole run measured: per run with an SD term, the median SD / GRPO gradient share over all its steps over
-    the median over its first K steps, then their median, 10% and 90% quantiles and how many are within 1.5×.
-    The first steps run at the run's own λ: a stand-in for a pilot at λ₀, exact where the share is λ times a
-    constant (share_per_unit_lambda checks that)."""
-    training = [[m for m in _metrics(r) if "actor/sd_grpo_grad_ratio" in m] for r in runs]
-    out = {}
-    for k in steps:
-        heads = [(rows, finite_ratios(rows[:k])) for rows in training]
-        ratios = [float(np.median(finite_ratios(rows)) / np.median(head)) for rows, head in heads if head]
-        if ratios:
-            q10, q50, q90 = np.quantile(ratios, [0.1, 0.5, 0.9])
-            out[k] = {"runs": len(ratios), "median": float(q50), "q10": float(q10), "q90": float(q90),
-                      "within_1.5x": sum(1 / 1.5 <= x <= 1.5 for x in ratios)}
-    return out
-
-
-def share_per_unit_lambda(rows: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
-    """The SD / GRPO gradient share per unit λ, u = share / λ (mean ± SE over seeds), of the rows whose names
-    differ only in their -lam<λ>: the pilot's premise is that u does not depend on λ."""
-    groups: dict[str, dict[str, tuple[float, float]]] = {}
-    for r in rows:
-        if "sd/grpo" in r and "-lam" in r["name"]:
-            base, lam = r["name"].rsplit("-lam", 1)
-            groups.setdefault(base, {})[lam] = tuple(x / float(lam) for x in r["sd/grpo"])
-    return {base: us for base, us in groups.items() if len(us) > 1}
-
-
 def pilot_text(agreement: dict[int, dict], units: dict[str, dict[str, tuple[float, float]]]) -> str:
     """results.md's lines on reading λ from a pilot (pilot_agreement, share_per_unit_lambda)."""
     lines = ["Reading λ from a pilot (analysis/lambda_pilot.py). The SD / GRPO share per unit λ of rows that "
@@ -390,7 +358,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
                   "least 2)")
     table += "\n\nThe dose-response, compactly:\n\n" + dose_table(table_rows, differences, by_seed, k)
     sd_runs = [r for name, rs in results.items() if name != "grpo" for r, _ in rs]
-    summary["pilot_agreement"] = agreement = pilot_agreement(sd_runs)
+    summary["pilot_agreement"] = agreement = pilot_agreement([_metrics(r) for r in sd_runs])
     summary["share_per_unit_lambda"] = units = share_per_unit_lambda(table_rows)
     if agreement or units:  # some run with an SD term
         table += "\n\n" + pilot_text(agreement, units)

@@ -29,12 +29,12 @@ offline GPU node, `../shared/tools/gpu_site.sh` packs the pure-Python packages i
 """
 import argparse
 import contextlib
-import copy
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3Config
@@ -44,12 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import candidate_gain  # noqa: E402
 import grpo  # noqa: E402
 import rollout  # noqa: E402
-import router  # noqa: E402
 import smrc  # noqa: E402
 import teacher  # noqa: E402
 from embedded import tiny  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
-from models import HFEngine, collate, micro_batches, token_logprobs  # noqa: E402
+from models import collate, micro_batches, token_logprobs  # noqa: E402
 from scale import distributed, memory_plan  # noqa: E402
 from scale.checkpoint import seed_step  # noqa: E402
 from scale.lifecycle import Lifecycle  # noqa: E402
@@ -257,23 +256,6 @@ def step_record(row: dict, rec: Recorder, floors: dict, env: dict, step_s: float
             "env_calls": env["calls"], "env_workers": env["workers"], "logged": row}
 
 
-def setup_in_memory(cfg, life: Lifecycle, arch: str, tok) -> smrc.Setup:
-    """smrc.setup's parts around a model of `arch` built in memory (nothing to load), on a fresh run."""
-    model = build_model(arch, tok, life.world.device, cfg.seed)
-    ref_model = None
-    if cfg.grpo.kl_coef > 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        ref_model.to(grpo.ref_dtype(cfg.grpo, life.world.device))
-    if grpo.grad_checkpointing_on(cfg.grpo, model):
-        model.gradient_checkpointing_enable()
-    return smrc.Setup(
-        train_tasks=life.train_tasks, model=model, tokenizer=tok, ref_model=ref_model,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay),
-        bank=router.ReferenceBank(cfg.router.archive_size),
-        engine=HFEngine(model, tok, cfg.rollout.sampling, cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16),
-        teacher=candidate_gain.resolved(cfg.teacher, sum(p.numel() for p in model.parameters())))
-
-
 def run_algo(args, algo: str, flags: list[str], world, pool: EnvPool, tok, out: Path) -> dict:
     """`args.steps` training steps of `algo`, each followed by its floors: per step its record, and the run's
     memory beside the plan."""
@@ -285,7 +267,11 @@ def run_algo(args, algo: str, flags: list[str], world, pool: EnvPool, tok, out: 
     seed_step(cfg.seed, 0, world.rank)
     reset_peak(world.device)
     life = Lifecycle(cfg, world, pool, tasks, ckpt=None)
-    s = setup_in_memory(cfg, life, args.arch, tok) if args.arch else smrc.setup(cfg, life)
+    if args.arch:  # smrc.setup as it is, with the random model built where it would load --model
+        life.model_path = lambda: args.arch
+        built = lambda path, device: (build_model(args.arch, tok, device, cfg.seed), tok)  # noqa: E731
+    with mock.patch.object(smrc, "load_model", built) if args.arch else contextlib.nullcontext():
+        s = smrc.setup(cfg, life)
     rec, records = Recorder(world.device), []
     hooks = rec.hook(s.model, s.ref_model)
     try:

@@ -342,7 +342,8 @@ def test_the_report_checks_the_pilots_premises_on_the_sweeps_runs(tmp_path):
     """pilot_agreement: a run's median SD / GRPO share over all its steps / over its first K steps (steps with
     no distilled turn, an inf ratio or validation rows read nothing); share_per_unit_lambda: share / λ of rows
     alike but for λ, a row with no λ sibling left out; by hand."""
-    from bench.learn_report import pilot_agreement, pilot_text, share_per_unit_lambda
+    from analysis.lambda_pilot import pilot_agreement, share_per_unit_lambda
+    from bench.learn_report import _metrics, pilot_text
 
     def run(name, ratios):  # None: a step with no distilled turn
         rows = [{"step": i, "actor/sd_grpo_grad_ratio": math.nan if r is None else r,
@@ -355,7 +356,7 @@ def test_the_report_checks_the_pilots_premises_on_the_sweeps_runs(tmp_path):
     a = run("a-seed0", [1.0, math.inf, 1.0, 1.0, 1.0] + [4.0] * 7)  # all: median 4; first 5: 1; first 10: 4
     b = run("b-seed0", [None] + [0.5] * 5)  # 1 at any K
     c = run("c-seed0", [None] * 4)  # nothing measured: left out
-    agreement = pilot_agreement([a, b, c], steps=(5, 10))
+    agreement = pilot_agreement([_metrics(r) for r in (a, b, c)], steps=(5, 10))
     assert agreement[5] == {"runs": 2, "median": 2.5, "q10": pytest.approx(1.3), "q90": pytest.approx(3.7),
                             "within_1.5x": 1}
     assert agreement[10] == {"runs": 2, "median": 1.0, "q10": 1.0, "q90": 1.0, "within_1.5x": 2}
