@@ -179,7 +179,7 @@ def signature_at(steps, j: int) -> Hashable:
 
 
 def observation_at(steps, j: int) -> Hashable:
-    return steps[j].observation_key or None  # None: a bank entry from before the key (never equal to a key)
+    return steps[j].observation_key or None  # None: no key (a bank entry from before it), never matched
 
 
 def prefix_at(steps, j: int) -> Hashable:
@@ -204,7 +204,7 @@ def match_state(turns: list[Turn], refs: list[list[Trajectory]], key: Key) -> li
     out = []
     for turn, rs in zip(turns, refs):
         match, value = None, key(paths[turn.traj_id], turn.index)
-        for ref in _usable(turn, rs):
+        for ref in _usable(turn, rs) if value is not None else []:  # a state without a key matches nothing
             if id(ref) not in index:
                 index[id(ref)] = {key(ref.steps, j): j for j in range(len(ref.steps))}  # later positions win
             j = index[id(ref)].get(value)
