@@ -30,6 +30,8 @@
 Only rank 0 logs, shows progress bars and writes checkpoints; every rank loads the checkpoint when resuming.
 """
 
+import contextlib
+import io
 import os
 import sys
 from dataclasses import dataclass
@@ -117,6 +119,14 @@ def uneven_shard(groups: int, ranks: int) -> str:
 def print0(world: World, *args) -> None:
     if world.is_main:
         print(*args, flush=True)
+
+
+def rank0_stdout():
+    """Before the process group exists: what this block prints, on rank 0 only (lines every torchrun rank
+    would print alike, such as the tasks loaded); errors are exceptions and stay every rank's."""
+    if os.environ.get("RANK", "0") == "0":
+        return contextlib.nullcontext()
+    return contextlib.redirect_stdout(io.StringIO())
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> World:

@@ -51,7 +51,8 @@ def started(cfg, argv: list[str]):
     given)."""
     with distributed.OneErrorLine(lambda: latest_checkpoint(Path(cfg.output_dir))) as once:
         validate_config(cfg)
-        tasks = check_inputs(cfg)
+        with distributed.rank0_stdout():  # every rank loads the same tasks: their lines once
+            tasks = check_inputs(cfg)
         world = once.world = distributed.init_distributed(cfg.device, cfg.dist.timeout_s)
         check_world(cfg, world)
         try:

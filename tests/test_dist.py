@@ -192,3 +192,19 @@ def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(
         assert set(r["streamed"]) == set(expected)
         for k, (dtype, v) in r["streamed"].items():
             assert dtype == torch.bfloat16 and torch.equal(v, expected[k].to(torch.bfloat16)), k
+
+
+def test_lines_every_rank_prints_alike_come_from_rank_0_only(monkeypatch, capsys):
+    """scale.distributed.rank0_stdout: the tasks' lines before the process group exists, once under torchrun
+    (RANK 0, or no RANK: a plain run), none on the other ranks; an error still leaves every rank."""
+    from scale.distributed import rank0_stdout
+    for rank, shown in ((None, True), ("0", True), ("1", False)):
+        if rank is None:
+            monkeypatch.delenv("RANK", raising=False)
+        else:
+            monkeypatch.setenv("RANK", rank)
+        with rank0_stdout():
+            print("alfworld generated train: 2 of 2 games")
+        assert ("alfworld generated train" in capsys.readouterr().out) == shown, rank
+    with pytest.raises(SystemExit, match="error: no games"), rank0_stdout():
+        raise SystemExit("error: no games")
