@@ -172,10 +172,14 @@ PAPER = {"coverage_structured": "20.2%", "history_matches_reproduced_by_structur
          "candidate_agreement_on_common": "99.4%", "structured": "781/781", "history": "792/800"}
 
 
+def pct(v: float | None, none: str = "n/a") -> str:
+    """A share as a percentage with one decimal; `none` where there is no share."""
+    return none if v is None else f"{100 * v:.1f}%"
+
+
 def format_audit(comparison: dict, replay: dict) -> str:
     """The matcher table and the replay audit, each number beside the paper's (its history matcher is the
     prompt's view, our `history`; the archive's history column is that windowed matcher)."""
-    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     c = comparison
     lines = [f"Matcher comparison on {c['turns']} archived turns (paper: 35,712 ALFWorld turns):",
              f"  structured covers {pct(c['coverage_structured'])} of turns ({c['structured_matches']}) "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.audits import pct as _pct  # noqa: E402
 from bench import archives  # noqa: E402
 
 SETUPS = (("alfworld_gen", "ALFWorld generated"), ("alfworld_official", "ALFWorld official"),
@@ -21,12 +22,8 @@ HEADER = ("| setup | turns | cov. S | cov. O | O makes S's | S makes O's | same 
           "| replay H |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 
 
-def pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
-
-
 def row(name: str, audit: dict) -> str:
-    c, r = audit["comparison"], audit["replay"]
+    c, r, pct = audit["comparison"], audit["replay"], lambda x: _pct(x, "–")
     return (f"| {name} | {c['turns']:,} | {pct(c['coverage_structured'])} ({c['structured_matches']}) | "
             f"{pct(c['coverage_observation'])} ({c['observation_matches']}) | "
             f"{pct(c['structured_matches_reproduced_by_observation'])} | "
