@@ -1,5 +1,6 @@
 """The router's stage of a training step: `router.route` writes each turn's match itself, and the rollout
-archive's audited matchers are the step's own matches where the run routes with one of them.
+archive's audited matchers are the step's own matches where the run routes with one of them; a state without
+a key matches nothing.
 
 Run: pytest tests/test_route_stage.py -q
 """
@@ -27,3 +28,10 @@ def test_the_archive_keeps_both_audited_matchers_reusing_the_runs_own():
         assert audited["history"] == routed(turns_of(DETOUR), bank, "history", window=2)
         if matcher != "none":  # the run's own matches, the very objects on the turns
             assert all(a is t.match for a, t in zip(audited[matcher], turns))
+
+
+def test_a_state_without_a_key_matches_nothing():
+    """Steps built without an observation key (bank entries from before it, hand-built steps) have no key:
+    the observation matcher matches none of them, not one keyless state to another."""
+    assert REF.steps[0].observation_key == "" and DETOUR.steps[0].observation_key == ""
+    assert routed(turns_of(DETOUR), bank_with(REF, DETOUR), "observation") == [None] * len(DETOUR.steps)

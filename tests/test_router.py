@@ -127,13 +127,6 @@ def test_subgoals_in_another_order_are_not_matched_where_the_state_differs():
     assert all(m is not None for m in routed(turns_of(student), bank, "with-reference", random.Random(0)))
 
 
-def test_a_state_without_a_key_matches_nothing():
-    """Steps built without an observation key (bank entries from before it, hand-built steps) have no key:
-    the observation matcher matches none of them, not one keyless state to another."""
-    assert REF.steps[0].observation_key == "" and DETOUR.steps[0].observation_key == ""
-    assert routed(turns_of(DETOUR), bank_with(REF, DETOUR), "observation") == [None] * len(DETOUR.steps)
-
-
 def test_random_selects_as_many_turns_as_structured_among_tasks_with_a_reference():
     other_task = trajectory("u", [(alf(MIDDLE, task="t1"), "", "look")] * 3, task="t1", success=False)
     batch = [DETOUR, trajectory("stu3", [(S1, "", "x"), (D, "", "y"), (S3, "", "z")], success=False),
