@@ -48,17 +48,21 @@ def _names_it(archive: Path, part: str) -> bool:
     return part == stem or part.startswith((stem + "_", stem + "."))
 
 
+def _naming(path: Path | str):
+    """(archive, `path` relative to its folder) of each archive in a parent folder of `path` whose name
+    begins the path's next part, nearest folder first."""
+    path = Path(path).absolute()
+    for folder in (f for f in path.parents if f.is_dir()):
+        rel = path.relative_to(folder).as_posix()
+        for archive in _archives(folder, folder.stat().st_mtime_ns):
+            if _names_it(archive, rel.split("/")[0]):
+                yield archive, rel
+
+
 def _holder(path: Path | str) -> tuple[Path, str] | None:
     """(archive, member name) of a packed `path`: the nearest parent folder's archive that names it and holds
     it under its path relative to that folder; None if none does."""
-    path = Path(path).absolute()
-    for folder in path.parents:
-        if folder.is_dir():
-            rel = path.relative_to(folder)
-            for archive in _archives(folder, folder.stat().st_mtime_ns):
-                if _names_it(archive, rel.parts[0]) and rel.as_posix() in members(archive):
-                    return archive, rel.as_posix()
-    return None
+    return next(((a, rel) for a, rel in _naming(path) if rel in members(a)), None)
 
 
 def exists(path: Path | str) -> bool:
@@ -85,12 +89,8 @@ def listing(folder: Path | str) -> list[str]:
     relative to it."""
     folder = Path(folder).absolute()
     names = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    for parent in folder.parents:
-        if parent.is_dir():
-            prefix = folder.relative_to(parent).as_posix() + "/"
-            for archive in _archives(parent, parent.stat().st_mtime_ns):
-                if _names_it(archive, prefix.split("/")[0]):
-                    names.update(n[len(prefix):] for n in members(archive) if n.startswith(prefix))
+    for archive, rel in _naming(folder):
+        names.update(n[len(rel) + 1:] for n in members(archive) if n.startswith(rel + "/"))
     return sorted(names)
 
 

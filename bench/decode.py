@@ -8,7 +8,6 @@ models.generation_autocast), and a plain `model.generate` that keeps no logits.
     python bench/decode.py --arch tiny --device cpu --batch 2 --prompt 16 --new 4 --repeats 1
 """
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.step import ARCHS, _sync, build_model  # noqa: E402
 from embedded import tiny  # noqa: E402
-from models import HFEngine, SamplingConfig  # noqa: E402
+from models import HFEngine, SamplingConfig, generation_autocast  # noqa: E402
 from scale.distributed import init_distributed  # noqa: E402
 
 
@@ -30,7 +29,6 @@ def profile(args, tok, device: torch.device) -> dict[str, float]:
     model = build_model(args.arch, tok, device, args.seed).eval()
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(3, len(tok), (args.prompt,), generator=g).tolist() for _ in range(args.batch)]
-    cuda = device.type == "cuda"
 
     def engine(bf16: bool, static: bool):
         def run(n):
@@ -40,8 +38,7 @@ def profile(args, tok, device: torch.device) -> dict[str, float]:
 
     def plain(n):
         ids = torch.tensor(prompts, device=device)
-        with (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext(),
-              torch.no_grad()):
+        with generation_autocast(device, True, static_cache=False), torch.no_grad():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                            max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id,
                            eos_token_id=tok.eos_token_id)

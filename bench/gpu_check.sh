@@ -29,7 +29,8 @@ stage machine 30 bash -c "nvidia-smi; $PY -c 'import torch, transformers; print(
 torch.version.cuda, torch.cuda.get_device_name(), \"transformers\", transformers.__version__)'"
 stage memory 300 "$PY" bench/step.py --arch qwen3-1.7b --algos smrc-sd --steps 2 --floor-repeats 0 \
   --json "$OUT/memory.json" -- --rollout.sampling.max-new-tokens 128 --rollout.max-prompt-tokens 2048
-TINY=(smrc.py --preset tiny --steps 3 --save-every 3 --device cuda --model bench/results/learn_sweep_v21/warm_start)
+TINY=(smrc.py --preset tiny --steps 3 --save-every 3 --device cuda
+  --model bench/results/learn_sweep_v21/warm_start)
 stage cuda_python 75 "$PY" "${TINY[@]}" --output-dir "$OUT/cuda_python"
 stage cuda_torchrun 75 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "${TINY[@]}" \
   --output-dir "$OUT/cuda_torchrun"

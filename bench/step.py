@@ -37,7 +37,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen3Config
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -48,27 +48,16 @@ import smrc  # noqa: E402
 import teacher  # noqa: E402
 from embedded import tiny  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
-from models import collate, micro_batches, token_logprobs  # noqa: E402
-from scale import distributed, memory_plan  # noqa: E402
+from models import collate, generation_autocast, micro_batches, token_logprobs  # noqa: E402
+from scale import distributed, memory_plan, preflight  # noqa: E402
 from scale.checkpoint import seed_step  # noqa: E402
 from scale.lifecycle import Lifecycle  # noqa: E402
 from scale.memory import peak_bytes, reset_peak  # noqa: E402
 from scale.preflight import check_inputs, prepare_output_dir, validate_config  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
-ARCHS = {  # the public config.json values of each model; vocab 151936 (the models' embedding size)
-    "qwen3-1.7b": lambda tok: Qwen3Config(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rms_norm_eps=1e-6, rope_parameters=ROPE, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, bos_token_id=None),
-    "qwen2.5-3b": lambda tok: Qwen2Config(
-        vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-        num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
-        rope_parameters=ROPE, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, bos_token_id=None),
-    "tiny": None,  # the embedded tiny model's architecture (embedded/tiny.py), its own vocabulary
-}
+ARCHS = {"qwen3-1.7b": "Qwen/Qwen3-1.7B", "qwen2.5-3b": "Qwen/Qwen2.5-3B-Instruct", "tiny": None}
+"""each architecture's public config.json values (scale.memory_plan.PUBLIC); tiny: embedded/tiny.py's"""
 REAL_SIZE = ["--env", "alfworld", "--alfworld.source", "generated", "--alfworld.room-size", "real",
              "--alfworld.num-train-games", "4", "--alfworld.num-eval-games", "1", "--alfworld.max-steps", "5",
              "--alfworld.no-require-think", "--rollout.tasks-per-step", "4", "--rollout.group-size", "4",
@@ -89,7 +78,10 @@ def build_model(arch: str, tok, device: torch.device, seed: int):
         return tiny.new_model(tok, layers=2, hidden=128, seed=seed).to(device)
     torch.manual_seed(seed)
     with device:
-        model = AutoModelForCausalLM.from_config(ARCHS[arch](tok), dtype=torch.float32)
+        config = AutoConfig.for_model(**memory_plan.PUBLIC[ARCHS[arch]], rope_parameters=ROPE,
+                                      bos_token_id=None, eos_token_id=tok.eos_token_id,
+                                      pad_token_id=tok.pad_token_id)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     (model.generation_config.eos_token_id,
      model.generation_config.pad_token_id) = tok.eos_token_id, tok.pad_token_id
     return model
@@ -107,7 +99,7 @@ class Recorder:
     def clear(self) -> None:
         self.wall = dict.fromkeys(PHASES, 0.0)
         self.fwd, self.bwd = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
-        self.turns, self.samples, self.counters, self._t0 = [], [], {}, 0.0
+        self.turns, self.counters, self._t0 = [], {}, 0.0
         self.scored = {"teacher": ([], []), "candidate gain": ([], [])}  # (prompts, responses) per pass
 
     def count(self, phase: str | None):
@@ -144,11 +136,9 @@ class Recorder:
             finally:
                 self.wall[label] += time.perf_counter() - t0
                 self.label = "other"
-            if label == "generation":
+            if label == "generation":  # the step's turns: what the teacher scores and the update trains on
                 self.turns += [t for e in out[0] for t in e.turns]
                 self.counters = dict(out[1])
-            elif label == "update":
-                self.samples += list(kw["samples"] if "samples" in kw else a[2])
             return out
         return run
 
@@ -194,8 +184,7 @@ def forward_floor(model, prompts: list[list[int]], responses: list[list[int]], p
     if not prompts:
         return 0.0
     device = next(model.parameters()).device
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else \
-        contextlib.nullcontext()
+    autocast = generation_autocast(device, bf16, static_cache=False)  # the update's bf16 autocast on CUDA
     was_training = model.training
     model.train(backward)
     _sync(device)
@@ -228,10 +217,9 @@ def measure_floors(cfg, s: smrc.Setup, rec: Recorder, repeats: int) -> dict:
     turns = ([t.prompt_ids for t in rec.turns], [t.response_ids for t in rec.turns])
     out = {name: (floor(p, r, cfg.teacher.micro_batch_tokens), _tokens(p, r))
            for name, (p, r) in {"generation": turns, **rec.scored}.items()}
-    p, r = [x.prompt_ids for x in rec.samples], [x.response_ids for x in rec.samples]
-    epochs = cfg.grpo.ppo_epochs  # the update passes its samples once per epoch
-    f = floor(p, r, cfg.grpo.micro_batch_tokens, backward=True)
-    out["update"] = (None if f is None else epochs * f, epochs * _tokens(p, r))
+    epochs = cfg.grpo.ppo_epochs  # the update passes the step's turns once per epoch
+    f = floor(*turns, cfg.grpo.micro_batch_tokens, backward=True)
+    out["update"] = (None if f is None else epochs * f, epochs * _tokens(*turns))
     return out
 
 
@@ -250,7 +238,7 @@ def step_record(row: dict, rec: Recorder, floors: dict, env: dict, step_s: float
                      "fwd": int(rec.fwd[name]), "bwd": int(rec.bwd[name])} for name in PHASES}
     n = max(1, len(rec.turns))
     return {"step": row["step"], "step_s": step_s, "phases": phases, "turn_samples": len(rec.turns),
-            "trained_tokens": sum(len(x.prompt_ids) + len(x.response_ids) for x in rec.samples),
+            "trained_tokens": floors["generation"][1],  # the update trains on the step's turns
             "mean_prompt_tokens": sum(len(t.prompt_ids) for t in rec.turns) / n,
             "mean_response_tokens": sum(len(t.response_ids) for t in rec.turns) / n,
             "env_calls": env["calls"], "env_workers": env["workers"], "logged": row}
@@ -262,7 +250,9 @@ def run_algo(args, algo: str, flags: list[str], world, pool: EnvPool, tok, out: 
     cfg = smrc.parse_config(flags + ["--algo", algo, "--steps", str(10**6), "--save-every", str(10**6),
                                      "--output-dir", str(out / algo)])
     validate_config(cfg)
-    tasks = (cfg.env_cfg.load_tasks("train"), []) if args.arch else check_inputs(cfg)
+    no_folder = mock.patch.object(preflight, "check_model", lambda *_: None)
+    with no_folder if args.arch else contextlib.nullcontext():
+        tasks = check_inputs(cfg)  # every check but the model's folder: --arch builds the model in memory
     prepare_output_dir(out / algo, fresh=True)
     seed_step(cfg.seed, 0, world.rank)
     reset_peak(world.device)
@@ -317,11 +307,10 @@ def summarise(result: dict) -> dict:
     def mean(values):
         values = [v for v in values if v is not None]
         return sum(values) / len(values) if values else None
-    phases = {}
+    phases, trained = {}, max(1, sum(r["trained_tokens"] for r in timed))
     for name in PHASES:
         cells = [r["phases"][name] for r in timed]
         sec, floor, tok = (mean([c[k] for c in cells]) for k in ("seconds", "floor_s", "tokens"))
-        trained = max(1, sum(r["trained_tokens"] for r in timed))
         phases[name] = {"seconds": sec, "floor_s": floor, "tokens": tok,
                         "ratio": sec / floor if floor else None,
                         "passes": tuple(sum(c[k] for c in cells) / trained for k in ("fwd", "bwd"))}

@@ -69,8 +69,8 @@ def table(record: Path) -> list[str]:
 
 def difference(record: Path, a: str, b: str) -> str:
     """Row a − row b, paired by seed, over the seeds both have."""
-    seeds = {r.rsplit("-seed", 1)[1] for r in runs(record) if r.rsplit("-seed", 1)[0] == a}
-    seeds &= {r.rsplit("-seed", 1)[1] for r in runs(record) if r.rsplit("-seed", 1)[0] == b}
+    by_row = [r.rsplit("-seed", 1) for r in runs(record)]
+    seeds = {s for row, s in by_row if row == a} & {s for row, s in by_row if row == b}
     d = [avg(record, f"{a}-seed{s}") - avg(record, f"{b}-seed{s}") for s in sorted(seeds, key=int)]
     if len(d) < 2:
         return f"{a} − {b}: {len(d)} shared seed(s), no SE"

@@ -40,7 +40,7 @@ CHUNK_BYTES = 16        # per chunk token and vocabulary entry (module docstring
 PUBLIC = {  # config.json of the hub models the configs name (public values), for a plan without a download
     "Qwen/Qwen3-1.7B": dict(model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                            tie_word_embeddings=True),
+                            tie_word_embeddings=True, max_position_embeddings=40960),
     "Qwen/Qwen2.5-3B-Instruct": dict(model_type="qwen2", vocab_size=151936, hidden_size=2048,
                                      intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                                      num_key_value_heads=2, tie_word_embeddings=True),
