@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.lambda_pilot import pilot_agreement, run_strength, share_per_unit_lambda
+from analysis.plots import plot_curves, plot_dose
 from bench import archives
 
 
@@ -232,49 +233,6 @@ def pilot_text(agreement: dict[int, dict], units: dict[str, dict[str, tuple[floa
     return "\n".join(lines)
 
 
-SMOOTH = 5  # steps in the training curve's moving average (which tasks a step drew moves the raw curve a lot)
-
-
-def _band(ax, runs: list[list[tuple[int, float]]], label: str, smooth: int = 1) -> None:
-    """Mean ± SE over runs (their common steps), after a trailing moving average of `smooth` points per
-    run."""
-    n = min(map(len, runs))
-    c = np.asarray([[v for _, v in r[:n]] for r in runs])
-    c = np.stack([[row[max(0, i - smooth + 1):i + 1].mean() for i in range(n)] for row in c])
-    mean, se = c.mean(0), (c.std(0, ddof=1) / np.sqrt(len(c)) if len(c) > 1 else np.zeros(n))
-    steps = [s for s, _ in runs[0][:n]]
-    ax.plot(steps, mean, marker="o" if n < 8 else None, label=f"{label} (n={len(c)})")
-    ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
-
-
-def plot(train: dict[str, list], val: dict[str, list], path: Path) -> None:
-    """Training success (moving average over SMOOTH steps) and in-loop validation success,
-    mean ± SE over seeds."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"[learn] matplotlib is not installed: {path} not drawn (pip install matplotlib)", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    val = {n: runs for n, runs in val.items() if runs and all(runs)}
-    fig, axes = plt.subplots(1, 1 + bool(val), figsize=(6 + 5 * bool(val), 4), squeeze=False)
-    for name, runs in train.items():
-        _band(axes[0][0], runs, name, SMOOTH)
-    axes[0][0].set_ylabel(f"training success (sampled, {SMOOTH}-step moving average)")
-    for name, runs in val.items():
-        _band(axes[0][1], runs, name)
-    if val:
-        axes[0][1].set_ylabel("validation success (fixed panel)")
-    for ax in axes[0]:
-        ax.set_xlabel("RL step")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)  # a sweep redraws after every run: an open figure per draw would pile up
-
-
 def dose_points(rows: list[dict], by_seed: dict[tuple[str, str], dict]
                 ) -> list[tuple[str, float, float, float, int]]:
     """(row, SD / GRPO gradient share, row − GRPO paired by seed, its SE, seeds) of every row with an SD
@@ -282,43 +240,6 @@ def dose_points(rows: list[dict], by_seed: dict[tuple[str, str], dict]
     share = {r["name"]: r["sd/grpo"][0] for r in rows if "sd/grpo" in r}
     return [(a, share[a], *d["mean_se"], d["seeds"]) for (a, b), d in by_seed.items()
             if b == "grpo" and a in share and d["seeds"]]
-
-
-def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) -> None:
-    """Each SD row's Avg@k − GRPO (paired by seed, ± SE where there are ≥ 2 seeds) against its SD / GRPO
-    gradient share (log scale): the dose-response. Not drawn without matplotlib or points."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"[learn] matplotlib is not installed: {path} not drawn", flush=True)
-        return
-    if not points:
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for i, (name, x, y, se, n) in enumerate(points, 1):  # a number by each point, its name in the key
-        style = dict(marker="s" if name.startswith("oracle-") else "o",
-                     color="tab:blue" if "smrc" in name else "tab:orange")
-        ax.errorbar([x], [y], yerr=[0 if np.isnan(se) else se], capsize=3,
-                    label=f"{i}  {name} ({n} seed{'s' * (n > 1)})", **style)
-        ax.annotate(str(i), (x, y), fontsize=8, xytext=(4, 3), textcoords="offset points")
-    ax.axhline(0, color="grey", lw=1)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    shares = [x for _, x, *_ in points]
-    ax.set_xlim(min(shares) / 1.6, max(shares) * 1.6)
-    ax.margins(y=0.15)
-    ax.set_xlabel("SD / GRPO gradient share (median per run, mean over seeds)")
-    ax.set_ylabel("Avg@k − GRPO, paired by seed")
-    ax.set_title("SMRC (blue) / FullPath (orange); model teacher (o), oracle (s)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, before: dict,
@@ -365,7 +286,7 @@ def summarize(out: Path, k: int, pairs: list[tuple[str, str]], settings: dict, b
     archives.write_text(out / "results.json", json.dumps(summary, indent=1))  # where the record keeps it
     (out / "results.md").write_text(table + "\n")
     plot_dose(dose_points(table_rows, seed_pairs), out / "strength.png")
-    plot({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
+    plot_curves({n: [_curve(r) for r, _ in rs] for n, rs in results.items()},
          {n: [_curve(r, "val/success_rate") for r, _ in rs] for n, rs in results.items()}, out / "curves.png")
     return table
 

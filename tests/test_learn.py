@@ -289,7 +289,8 @@ def test_a_child_run_starts_with_its_threads(tmp_path):
 def test_dose_points_pair_each_sd_row_with_its_difference_from_grpo(tmp_path):
     """The dose-response figure's points: rows with an SD share and a difference against GRPO, by hand (the
     SMRC − FullPath difference and rows without a share are not points); the figure is drawn from them."""
-    from bench.learn_report import dose_points, plot_dose
+    from analysis.plots import plot_dose
+    from bench.learn_report import dose_points
     rows = [{"name": "grpo"}, {"name": "smrc-sd-lam0.2", "sd/grpo": (0.7, 0.05)},
             {"name": "fullpath-sd-lam0.2", "sd/grpo": (0.4, 0.02)}]
     by_seed = {("smrc-sd-lam0.2", "grpo"): {"mean_se": (-0.05, 0.02), "seeds": 5},
