@@ -14,6 +14,7 @@ import time
 
 import envs
 import teacher
+from candidate_share import with_candidate
 from models import action_trie, allowed_per_position
 from term_grads import MEASURE_MAX_PARAMS
 
@@ -35,8 +36,7 @@ def measure(turns: list, context: str, tokenizer, cfg: teacher.TeacherConfig,
     if cfg.candidate_gain not in ("on", "auto", True):  # auto: smrc resolves it by model size (`resolved`)
         return {}
     t0 = time.perf_counter()
-    rows = [t for t in turns if t.match is not None and t.teacher_logprobs is not None
-            and t.match.ref is not None and (t.allowed is None or t.match.candidate in t.admissible)]
+    rows = [t for t in with_candidate(turns) if t.allowed is None or t.match.candidate in t.admissible]
     cands = [teacher.candidate_ids(tokenizer, t.match.candidate) for t in rows]
     allowed = [None if t.allowed is None else allowed_per_position(
         action_trie(tokenizer, [envs.action_response(a) for a in t.admissible]), c)

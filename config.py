@@ -162,7 +162,8 @@ def resolve(cfg: Config) -> Config:
     and the form's anchor wherever no flag set them (module docstring). Nothing after this reads --algo or the
     preset again."""
     cfg = copy.deepcopy(cfg)
-    matcher, context, form = ALGOS[cfg.algo][:3]
+    row = ALGOS[cfg.algo]
+    matcher, context, form = row.matcher, row.context, row.sd_loss
     given = cfg.router.context
     cfg.router.context = CONTEXT_ALIASES.get(given, given) or context  # an old name is mapped to the new one
     if cfg.router.matcher is None:  # the skill baselines given a trajectory context route as FullPath-SD

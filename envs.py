@@ -342,6 +342,7 @@ You are now at step {current} and your current observation is: {observation}
 {admissible_line}
 Now it's your turn to take an action.
 {instruction}"""
+_TEMPLATES = {"webshop": (_WEBSHOP_NO_HIS, _WEBSHOP_HIS), "alfworld": (_ALFWORLD_NO_HIS, _ALFWORLD_HIS)}
 THINK_INSTRUCTION = ("You should first reason step-by-step about the current situation. This reasoning "
                      "process MUST be enclosed within <think> </think> tags. \nOnce you've finished your "
                      "reasoning, you should choose an admissible action for current step and present it "
@@ -378,14 +379,12 @@ def build_prompt(env_name: str, goal: str, memory: list[tuple[str, str]], step: 
                   admissible="\n".join(f"'{a}'," for a in admissible) if webshop else listed,
                   admissible_line=f"Your admissible actions of the current situation are: [{listed}].\n"
                   if admissible else "")
-    templates = {"webshop": (_WEBSHOP_NO_HIS, _WEBSHOP_HIS), "alfworld": (_ALFWORLD_NO_HIS, _ALFWORLD_HIS)}
-    no_his_t, his_t = templates.get(env_name, (_TEXT_NO_HIS, _TEXT_HIS))
+    no_his_t, his_t = _TEMPLATES.get(env_name, (_TEXT_NO_HIS, _TEXT_HIS))
     no_his = no_his_t.format(**fields)
     if step == 0 or history_length <= 0 or not memory:
         return no_his
     text, n = format_history(memory, step, history_length)
-    template = his_t
-    prompt = template.format(step=step, n=n, history=text, current=step + 1, **fields)
+    prompt = his_t.format(step=step, n=n, history=text, current=step + 1, **fields)
     return no_his if webshop and len(prompt) > WEBSHOP_MAX_PROMPT_CHARS else prompt
 
 

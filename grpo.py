@@ -34,7 +34,6 @@ import torch
 import term_grads as measure
 from models import collate, micro_batches, token_logprobs
 
-# λ of each form when no preset sets one: the anchors; reverse-kl 0.01 (1.0 before; docs/results.md)
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large

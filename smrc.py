@@ -47,7 +47,7 @@ import grpo
 import rollout
 import router
 import teacher
-from config import ALGOS, PRESETS, Config, config_from_run, default_sd_coef, parse_config  # noqa: F401
+from config import ALGOS, Config, config_from_run, default_sd_coef, parse_config  # noqa: F401
 from models import HFEngine, load_model
 from records import Trajectory, Turn
 from scale import distributed

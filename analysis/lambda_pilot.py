@@ -149,10 +149,11 @@ def pilot_agreement(runs: list[list[dict]], steps: tuple[int, ...] = PILOT_LENGT
     a stand-in for a pilot at λ₀, exact where the share is λ times a constant (share_per_unit_lambda checks
     that)."""
     training = [[m for m in rows if "actor/sd_grpo_grad_ratio" in m] for rows in runs]
+    whole = [np.median(r) if (r := finite_ratios(rows)) else None for rows in training]  # once per run
     out = {}
     for k in steps:
-        heads = [(rows, finite_ratios(rows[:k])) for rows in training]
-        ratios = [float(np.median(finite_ratios(rows)) / np.median(head)) for rows, head in heads if head]
+        heads = [(w, finite_ratios(rows[:k])) for w, rows in zip(whole, training)]
+        ratios = [float(w / np.median(head)) for w, head in heads if head]
         if ratios:
             q10, q50, q90 = np.quantile(ratios, [0.1, 0.5, 0.9])
             out[k] = {"runs": len(ratios), "median": float(q50), "q10": float(q10), "q90": float(q90),

@@ -63,7 +63,7 @@ class ExternalConfig(EpisodeConfig):
             return built.plan(task, actions, timeout_s)
         t0, env = time.perf_counter(), TextEnvAdapter(built, self.max_steps)
         try:
-            if isinstance(env, TextEnvAdapter) and hasattr(env.env, "walkthrough") and not actions:
+            if hasattr(built, "walkthrough") and not actions:
                 env.reset(task)
                 return PlanResult(list(env.env.walkthrough()), "ok", time.perf_counter() - t0, "")
             return PlanResult(None, "unsolvable", time.perf_counter() - t0, "no walkthrough from this state")

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import envs
-from envs import EnvError, EpisodeConfig, PlanResult, Signature, StepResult, Task
+from envs import EnvError, EpisodeConfig, PlanResult, StepResult, Task
 
 CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking")
 DEFAULT_SETTINGS = {  # small games a tiny model has a chance on, generated in about a second each
@@ -299,12 +299,7 @@ class TextWorldEnv:
                 and not lost, "lost": lost, "points": int(state["score"] or 0), **extra}
         return StepResult(tidy(observation), list(state["admissible_commands"]),
                           10.0 if won and self._steps else 0.0, self._done, won, float(won), self._goal,
-                          self._signature(state), info)
-
-    def _signature(self, state) -> Signature:
-        """The routing signature of a state: empty here, because TextWorld has no hand-written one; the
-        generic observation signature is computed by envs from the StepResult."""
-        return ()
+                          (), info)  # no hand-written signature: envs computes the generic one
 
     def walkthrough(self) -> list[str]:
         """The game's walkthrough, from its start."""
