@@ -99,12 +99,18 @@ def load_class(spec: str):
     return cls
 
 
-def check(cfg: ExternalConfig) -> None:
-    """The environment answers as the contract says on its first train task (one error line if not)."""
+def check_kwargs(text: str) -> None:
+    """--external.kwargs is a JSON object (one error line if not), checked before the class is built."""
     try:
-        json.loads(cfg.kwargs)
+        ok = isinstance(json.loads(text), dict)
     except ValueError as e:
         raise SystemExit(f"error: --external.kwargs is not a JSON object ({e})") from None
+    if not ok:
+        raise SystemExit(f"error: --external.kwargs {text} is not a JSON object")
+
+
+def check(cfg: ExternalConfig) -> None:
+    """The environment answers as the contract says on its first train task (one error line if not)."""
     tasks = cfg.load_tasks("train")
     if not tasks:
         raise SystemExit(f"error: --env {cfg.spec} has no train task")

@@ -122,6 +122,7 @@ def validate_config(cfg) -> None:
     check_rules(cfg, [(name.format(env=env), rule) for name, rule in RULES + ENV_RULES[env]])
     if env == "external":
         external.load_class(cfg.env)  # it imports and has what the contract asks (one error line if not)
+        external.check_kwargs(cfg.external.kwargs)
     if cfg.env == "alfworld":
         unknown = [t for t in cfg.alfworld.task_types if t not in TASK_TYPES]
         if unknown or not cfg.alfworld.task_types:
@@ -223,12 +224,12 @@ def check_device(name: str, flag: str = "--device") -> None:
 
 def check_split(cfg, split: str, flag: str = "--split") -> None:
     """The split exists for the environment (and, for ALFWorld, its source of games)."""
-    if cfg.env == "webshop":
-        allowed = ("train", "eval")
-    else:
+    if cfg.env == "alfworld":
         allowed = GENERATED_SPLITS if cfg.alfworld.source == "generated" else (*OFFICIAL_SPLITS, "eval")
+    else:  # WebShop, TextWorld and your own environment: train and eval
+        allowed = ("train", "eval")
     if split not in allowed:
-        where = f"{cfg.alfworld.source} ALFWorld games" if cfg.env == "alfworld" else "WebShop"
+        where = f"{cfg.alfworld.source} ALFWorld games" if cfg.env == "alfworld" else f"--env {cfg.env}"
         raise SystemExit(f"error: {flag} {split!r} is not a split of {where}; allowed: {', '.join(allowed)}")
 
 

@@ -152,3 +152,22 @@ def test_the_adapter_follows_the_built_in_conventions(tmp_path):
         assert lost[-1].done and lost[-1].info["truncated"] and not lost[-1].won
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_bad_kwargs_and_a_split_the_env_lacks_are_one_error_line(tmp_path, monkeypatch):
+    """--external.kwargs that is not a JSON object stops in validate_config, before the class is built;
+    evaluate's --split is checked against train/eval for environments other than ALFWorld (TextWorld, your
+    own)."""
+    from config import parse_config
+    from scale.preflight import check_split, validate_config
+    (tmp_path / "ok_env.py").write_text("class Ok:\n    def reset(self, seed=None, options=None):\n"
+                                        "        return 'obs', {}\n    def step(self, action):\n"
+                                        "        return 'obs', 0.0, True, False, {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for kwargs, said in (("not json", "is not a JSON object ("), ("[1]", "[1] is not a JSON object")):
+        with pytest.raises(SystemExit, match=re.escape(f"error: --external.kwargs {said}")):
+            validate_config(parse_config(["--env", "ok_env:Ok", "--external.kwargs", kwargs]))
+    for env in ("textworld", "ok_env:Ok"):
+        said = f"'valid_seen' is not a split of --env {env}; allowed: train, eval"
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            check_split(parse_config(["--env", env]), "valid_seen")
