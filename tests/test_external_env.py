@@ -171,3 +171,19 @@ def test_bad_kwargs_and_a_split_the_env_lacks_are_one_error_line(tmp_path, monke
         said = f"'valid_seen' is not a split of --env {env}; allowed: train, eval"
         with pytest.raises(SystemExit, match=re.escape(said)):
             check_split(parse_config(["--env", env]), "valid_seen")
+
+
+def test_without_an_admissible_list_the_same_room_by_two_paths_matches():
+    """An environment that gives no admissible list (the adapter's []) has no `spent`: the path taken does not
+    split the room's signature (with a list, actions that cannot be taken here would)."""
+    from rollout import Episode, observe
+
+    def key(path: list[tuple[str, str]]) -> str:  # (action, the observation it leads to)
+        ep = Episode(envs.Task("t", "t", "keydoor", ""), 0, "traj", 0)
+        observe(ep, envs.StepResult("hall", [], 0.0, False, False, 0.0, "", (), {}), first=True)
+        for action, obs in path:
+            ep.memory.append((ep.observation, action))
+            observe(ep, envs.StepResult(obs, [], 0.0, False, False, 0.0, "", (), {}), False, action)
+        return ep.observation_key
+    assert key([("go cellar", "cellar")]) == key([("go kitchen", "kitchen"), ("go hall", "hall"),
+                                                  ("go cellar", "cellar")])
