@@ -81,9 +81,9 @@ def observe(ep: Episode, res: envs.StepResult, first: bool, action: str = "") ->
     ep.history_key = envs.history_key("" if first else ep.history_key, action, res.observation)
     ep.unchanged_by = () if first else envs.unchanged_by(ep.unchanged_by, ep.observation, action,
                                                          res.observation)
-    no_list = not res.admissible  # an environment without an admissible list gives []
-    generic = envs.observation_signature(ep.task.task_id, res.observation, None if no_list else res.admissible,
-                                         ep.unchanged_by, taken=tuple(a for _, a in ep.memory))
+    listed = res.admissible or None  # an environment without an admissible list gives []
+    generic = envs.observation_signature(ep.task.task_id, res.observation, listed, ep.unchanged_by,
+                                         taken=tuple(a for _, a in ep.memory))
     ep.observation_key = envs.signature_key(generic)
     ep.observation, ep.admissible = res.observation, res.admissible
     ep.signature = res.signature or generic  # an environment without a signature of its own: the generic one

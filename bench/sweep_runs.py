@@ -75,6 +75,8 @@ def difference(record: Path, a: str, b: str) -> str:
     if len(d) < 2:
         return f"{a} − {b}: {len(d)} shared seed(s), no SE"
     mean, se = _mean_se(d)
+    if not se:  # every seed the same difference (a row against itself, say)
+        return f"{a} − {b}, paired by seed: {mean:+.4f} on each of {len(d)} seeds (SE 0)"
     t = T975.get(len(d) - 1, 1.96)
     return (f"{a} − {b}, paired by seed: {mean:+.4f} ± {se:.4f} over {len(d)} seeds; |mean| / SE "
             f"{abs(mean) / se:.2f} (printed {_floor1(abs(mean) / se):.1f}); 95% t interval "

@@ -104,3 +104,15 @@ def test_the_records_cited_by_the_code_and_tests_are_there():
                  "bench/results/smrc_sd_10steps_v8/metrics.jsonl",
                  "bench/results/learn_sweep_v21/eval/warm-start.json"):
         assert archives.exists(ROOT / path), path
+
+
+def test_a_difference_read_from_the_archive_and_one_with_no_spread():
+    """bench/sweep_runs.py --diff on the v21 record: a pair of rows as docs/results.md quotes it, and a row
+    against itself (every seed differs by 0: SE 0, said, not divided by)."""
+    from bench.sweep_runs import difference
+    record = ROOT / "bench" / "results" / "learn_sweep_v21"
+    assert difference(record, "smrc-sd-lam0.03", "grpo").startswith(
+        "smrc-sd-lam0.03 − grpo, paired by seed: -0.0040 ± 0.0113 over 5 seeds; |mean| / SE 0.35 "
+        "(printed 0.3)")
+    assert difference(record, "grpo", "grpo") == ("grpo − grpo, paired by seed: +0.0000 on each of 5 seeds "
+                                                  "(SE 0)")
