@@ -1,12 +1,18 @@
 """The house rules a reader relies on, checked on every Python file of the project (tests included): lines of
-at most 110 characters, files of at most 450 lines.
+at most 110 characters, files of at most 500 lines (MAX_LINES: why 500).
 
 Run: pytest tests/test_style.py -q
 """
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_COLUMNS, MAX_LINES = 110, 450
+MAX_COLUMNS = 110
+# A file is one subject a reader holds in one sitting: the admired reference files sit at 200-400 lines, and a
+# file past 400 is a prompt to look for the seam a reader would choose (a new module in the right folder).
+# The cap is the stop past which a file is surely two subjects, not a number to fit: at 450, five core files
+# sat at 424-450 and changes were bent to fit the number instead of split where the subject divides. 500
+# leaves a file room to grow by a function or two while its seam is found.
+MAX_LINES = 500
 SKIP = {".venv", ".git", ".gpu-site", "runs", "__pycache__", "node_modules"}
 
 
@@ -31,7 +37,7 @@ def test_every_line_fits_in_110_characters():
     assert not long, f"{len(long)} lines over {MAX_COLUMNS} characters:\n" + "\n".join(long[:40])
 
 
-def test_every_file_fits_in_450_lines():
+def test_every_file_fits_in_500_lines():
     big = [f"{p.relative_to(ROOT)}: {n} lines" for p in project_files()
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
     assert not big, "\n".join(big)
