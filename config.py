@@ -15,6 +15,7 @@ from typing import Literal, NamedTuple
 
 import tyro
 
+from configs.config_file import check_settings, fill_dataclass, read_settings
 from environments.alfworld import AlfworldConfig
 from environments.external import ExternalConfig
 from environments.textworld import TextWorldConfig
@@ -23,12 +24,10 @@ from grpo import GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
-from scale.checkpoint import fill_dataclass
-from scale.config_file import check_settings, read_settings
-from scale.distributed import DistConfig
 from teacher import TeacherConfig
 
-# old names of two matchers and two contexts, still accepted on the command line; mapped here only (resolve)
+# names --router.matcher and --router.context no longer list, so that a command line or a run's config.json
+# that holds one still runs: mapped to today's name here only (parse_config, resolve), never a flag's choice
 MATCHER_ALIASES = {"all": "with-reference", "every": "every-turn"}
 CONTEXT_ALIASES = {"fullpath": "trajectory", "full": "smrc"}
 
@@ -48,7 +47,8 @@ class AlgoDefaults(NamedTuple):
 # --algo's table: what each algorithm sets where no flag does. λ's columns: the anchor's for the form (SDAR's
 # code for its three forms; 0.01 for reverse KL, where the anchors that add self-distillation to GRPO sit),
 # then each preset's for the reverse-KL methods: tiny by the project's rule (analysis/lambda_pilot.py: SD
-# gradient 0.1 × GRPO's; bench/results/tiny_pilot: 0.017 → 0.02), learn the v21 sweep's (docs/notes.md).
+# gradient 0.1 × GRPO's; bench/results/tiny_pilot: 0.017 → 0.02), learn where the SD gradient equals GRPO's
+# (docs/results.md, "The λ of the learn preset": 0.229 → 0.2).
 ALGOS = {  # matcher            context       L_SD form     λ      tiny    learn
     "grpo": AlgoDefaults("none", "trajectory", "reverse-kl", 0.01, 0.02, 0.2),
     "fullpath-sd": AlgoDefaults("with-reference", "trajectory", "reverse-kl", 0.01, 0.02, 0.2),
@@ -67,6 +67,17 @@ def default_sd_coef(algo: str, sd_loss: str, preset: str) -> float:
         row = next(r for r in ALGOS.values() if r.sd_loss == sd_loss)
     by_preset = getattr(row, preset, None) if preset in ("tiny", "learn") else None
     return row.sd_coef if by_preset is None else by_preset
+
+
+@dataclass
+class DistConfig:
+    """torchrun's settings (scale/distributed.py takes them as plain values)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """under torchrun: ddp (full model per rank) or fsdp (parameters, gradients, optimizer state and the KL
+    reference sharded, for models that do not fit one device)"""
+    timeout_s: float = 1800.0
+    """under torchrun: the longest a collective waits for the other ranks (a stalled or dead rank) before the
+    run ends with one line naming the rank and phase; cover the slowest rank's rollout of a step"""
 
 
 @dataclass
@@ -165,7 +176,7 @@ def resolve(cfg: Config) -> Config:
     row = ALGOS[cfg.algo]
     matcher, context, form = row.matcher, row.context, row.sd_loss
     given = cfg.router.context
-    cfg.router.context = CONTEXT_ALIASES.get(given, given) or context  # an old name is mapped to the new one
+    cfg.router.context = CONTEXT_ALIASES.get(given, given) or context  # a saved config.json's old name
     if cfg.router.matcher is None:  # the skill baselines given a trajectory context route as FullPath-SD
         skill_algo_on_a_trajectory = matcher == "every-turn" and cfg.router.context != "skill"
         cfg.router.matcher = "with-reference" if skill_algo_on_a_trajectory else matcher
@@ -196,6 +207,27 @@ def auto_engine(cfg: Config) -> tuple[str, str]:
     if importlib.util.find_spec("vllm") is None:
         return "hf", "vllm is not installed (pip install vllm)"
     return "vllm", "CUDA and vllm are present"
+
+
+SMALL_MODEL_PARAMS = 100_000_000  # every "auto" a model's size decides: below it the measurements are on
+# (their passes and buffers cost little there); from it on the update recomputes activations (SmolLM2-135M's
+# update holds ~1.3 MB a token without, ~0.1 MB with) and the measurements are off unless asked for
+
+
+def resolve_for_model(cfg: Config, n_params: int, device_type: str) -> Config:
+    """A copy of `cfg` with every auto the model's size (`n_params`) and the device ("cuda", "cpu") decide
+    filled in: --grpo.grad-checkpointing, --grpo.term-grad-norms and --teacher.candidate-gain by
+    SMALL_MODEL_PARAMS, --grpo.ref-dtype (bfloat16 on CUDA with --grpo.bf16, else float32). smrc.setup calls
+    it once the model is loaded, scale/memory_plan.py on the model's config.json; the components read the
+    result only."""
+    cfg, small = copy.deepcopy(cfg), n_params < SMALL_MODEL_PARAMS
+    decide = lambda mode, on: mode if mode != "auto" else ("on" if on else "off")  # noqa: E731
+    cfg.grpo.grad_checkpointing = decide(cfg.grpo.grad_checkpointing, not small)
+    cfg.grpo.term_grad_norms = decide(cfg.grpo.term_grad_norms, small)
+    cfg.teacher.candidate_gain = decide(cfg.teacher.candidate_gain, small)
+    if cfg.grpo.ref_dtype == "auto":
+        cfg.grpo.ref_dtype = "bfloat16" if cfg.grpo.bf16 and device_type == "cuda" else "float32"
+    return cfg
 
 
 def tiny_preset() -> Config:
@@ -249,7 +281,7 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 def parse_config(argv: list[str], description: str | None = None) -> Config:
     """The resolved config of a command line: `--preset NAME` picks the defaults, `--config FILE` (YAML or
-    JSON, scale/config_file.py) overrides them, every other flag overrides both (tyro shows all fields in
+    JSON, configs/config_file.py) overrides them, every other flag overrides both (tyro shows all fields in
     --help, under `description`), then `resolve` fills in what --algo decides. A file's own `preset` key
     picks the defaults when the command line has no --preset."""
     path = _flag(argv, "--config")
@@ -261,7 +293,18 @@ def parse_config(argv: list[str], description: str | None = None) -> Config:
         raise SystemExit(f"unknown --preset {name!r}; choose from {sorted(PRESETS)}")
     defaults = PRESETS[name]()
     fill_dataclass(defaults, settings)  # kinds checked above: no unknown key, no ValueError
+    argv = [_current_name(argv[i - 1] if i else "", a) for i, a in enumerate(argv)]
     return resolve(tyro.cli(Config, default=defaults, args=argv, description=description or __doc__))
+
+
+def _current_name(before: str, arg: str) -> str:
+    """`arg` with a retired matcher or context name (the alias maps) as today's, where it is the value of
+    --router.matcher or --router.context (`before` is the argument before it)."""
+    aliases = {"--router.matcher": MATCHER_ALIASES, "--router.context": CONTEXT_ALIASES}
+    flag, eq, value = arg.partition("=")
+    if eq and flag in aliases:
+        return f"{flag}={aliases[flag].get(value, value)}"
+    return aliases[before].get(arg, arg) if before in aliases else arg
 
 
 def config_from_run(path: Path | None, preset: str) -> Config:

@@ -70,8 +70,9 @@ from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from models import HFEngine, load_model, load_tokenizer, resolve_device
-from scale.checkpoint import checkpoints, derived_seed, step_of, verify
+from scale.checkpoint import checkpoints, step_of, verify
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
+from scale.seeds import derived_seed
 from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
 

@@ -31,13 +31,11 @@ from typing import Literal, Protocol
 
 import torch
 
-import term_grads as measure
+from measure import term_grads as measure
 from models import collate, micro_batches, token_logprobs
 
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
-GRAD_CHECKPOINTING_MIN_PARAMS = 100_000_000  # --grpo.grad-checkpointing auto: on for models this large
-MEASURE_MAX_PARAMS = measure.MEASURE_MAX_PARAMS  # --grpo.term-grad-norms, --teacher.candidate-gain auto
 
 
 @dataclass
@@ -71,8 +69,8 @@ class GRPOConfig:
     truncated-IS cap: 2; inf = untruncated)"""
     term_grad_norms: Literal["auto", "on", "off"] = "auto"
     """measure the GRPO and SD terms' gradient norms apart on a mini-batch of each step (measurement only; two
-    parameter-sized buffers and two extra backward passes): auto = on below MEASURE_MAX_PARAMS (100M)
-    parameters; `analysis/lambda_pilot.py` turns it on"""
+    parameter-sized buffers and two extra backward passes): auto = on for a small model
+    (config.resolve_for_model); `analysis/lambda_pilot.py` turns it on"""
     norm_adv_by_std: bool = True
     """divide group-centred scores by the group std (GRPO); False = Dr.GRPO"""
     max_grad_norm: float = 1.0
@@ -84,15 +82,14 @@ class GRPOConfig:
     ppo_epochs: int = 1
     """passes over the rollout batch"""
     grad_checkpointing: Literal["auto", "on", "off"] = "auto"
-    """recompute each layer's activations in backward (less memory, a slower update). auto = on for models of
-    >= GRAD_CHECKPOINTING_MIN_PARAMS parameters (on CPU too: SmolLM2-135M's update holds ~1.3 MB a token
-    without it, ~0.1 MB with it), off otherwise"""
+    """recompute each layer's activations in backward (less memory, a slower update). auto = on for a large
+    model, on CPU too (config.resolve_for_model)"""
     bf16: bool = True
     """bf16 autocast on CUDA (ignored on CPU, where float32 is used)"""
     ref_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """the frozen KL reference's weights: auto = bfloat16 on CUDA with --grpo.bf16 (half the memory; its
     matmuls ran in bf16 under autocast anyway, so only its norm and embedding weights round further, and the
-    KL's log-probs stay float32), float32 on CPU"""
+    KL's log-probs stay float32), float32 on CPU (config.resolve_for_model)"""
     old_logprobs: Literal["auto", "recompute", "sampler"] = "auto"
     """π_old of the PPO ratio on mini-batches after the first: recompute = the trainer's own log-probs before
     the first step (verl's old_log_prob pass: one no-grad forward over the batch, on the same micro-batches,
@@ -114,15 +111,6 @@ class Sample(Protocol):
     sample_logprobs: list[float]                 # under the sampling policy (one per response token)
     teacher_logprobs: list[float] | None         # set on distilled turns only
     allowed: list[list[int]] | None              # restricted decoding: allowed ids per response position
-
-
-def grad_checkpointing_on(cfg: GRPOConfig, model: torch.nn.Module) -> bool:
-    """Whether the update recomputes activations (`cfg.grad_checkpointing`; a bool from an older config.json
-    counts as on / off)."""
-    if cfg.grad_checkpointing in ("on", "off", True, False):
-        return cfg.grad_checkpointing in ("on", True)
-    n_params = sum(p.numel() for p in model.parameters())
-    return n_params >= GRAD_CHECKPOINTING_MIN_PARAMS
 
 
 def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = True,
@@ -375,16 +363,6 @@ def _add_stats(sums: dict, terms: dict, mask, sd_mask, sampled, logp) -> None:
     sums["rollout_logprob_gap"] += float(((sampled - logp.detach()).abs() * mask).sum())
     sums["tokens"] += float(mask.sum())
     sums["sd_tokens"] += float(sd_mask.sum())
-
-
-
-def ref_dtype(cfg: GRPOConfig, device: torch.device) -> torch.dtype:
-    """The KL reference's weight dtype (--grpo.ref-dtype)."""
-    if cfg.ref_dtype == "auto":
-        return torch.bfloat16 if cfg.bf16 and device.type == "cuda" else torch.float32
-    return getattr(torch, cfg.ref_dtype)
-
-
 
 
 def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: int, streak: int) -> dict:

@@ -9,6 +9,7 @@
 - `Match`: the router's decision for a distilled turn: the reference, the matched position j and the candidate
   action. `turn.match is None` is the one "no match" (GRPO only); `WITHOUT_REFERENCE` marks a turn distilled
   with no reference at all (matcher every-turn: the skill contexts need none).
+- `StepRecord`: what a finished training step hands to the run's record (scale/lifecycle.Lifecycle.end_step).
 """
 from __future__ import annotations
 
@@ -72,3 +73,16 @@ class Turn:
     @property
     def task_id(self) -> str:
         return self.task.task_id
+
+
+@dataclass
+class StepRecord:
+    """A finished training step, as this rank saw it: the run's record gathers every rank's (metrics row,
+    turn archive, trackers)."""
+    episodes: list               # this rank's rollout.Episode of the step
+    env_counters: dict           # rollout's counts (prompts over the limit, turns, ...)
+    teacher_counts: dict         # teacher.teacher_signal's summable sd/ counts
+    measured_counts: dict        # measure.step_readings' summable sd/ counts (measurement only)
+    audited_matches: dict        # {audited matcher: its matches} for the rollout archive ({} without one)
+    times: dict                  # step_s, update_s
+    actor_metrics: dict          # grpo.update's actor/ metrics

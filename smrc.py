@@ -40,16 +40,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import candidate_gain
-import candidate_share
 import envs
 import grpo
 import rollout
 import router
 import teacher
-from config import ALGOS, Config, config_from_run, default_sd_coef, parse_config  # noqa: F401
+from config import (ALGOS, Config, config_from_run, default_sd_coef, parse_config,  # noqa: F401
+                    resolve_for_model)
 from models import HFEngine, load_model
-from records import Trajectory, Turn
+from measure.step_readings import step_readings
+from records import StepRecord, Trajectory, Turn
 from scale import distributed
 from scale.lifecycle import Lifecycle, started
 from scale.vllm_engine import VLLMEngine
@@ -67,7 +67,6 @@ class Setup:
     optimizer: torch.optim.Optimizer
     bank: router.ReferenceBank
     engine: object                # HFEngine or VLLMEngine
-    teacher: teacher.TeacherConfig  # --teacher.*, with the candidate-gain diagnostic's auto decided
     replay_env: object = None     # env without a step limit for planner references, made on first use
 
 
@@ -77,7 +76,7 @@ class Setup:
 
 def main(cfg: Config) -> None:
     with started(cfg, COMMAND_LINE) as life:  # checks, torchrun, the locked run folder, env workers
-        run = setup(cfg, life)
+        cfg, run = setup(cfg, life)  # cfg: every auto the model's size and the device decide, decided
         banner(cfg, life, run)
         with life.running(run):  # memory watchdog, stop signals; at the end: close, say where the run is
             for step in range(life.start, cfg.steps):
@@ -102,16 +101,15 @@ def train_step(cfg: Config, life: Lifecycle, run: Setup, step: int) -> None:
     # 3. reference bank: this group's successes, earlier ones, planner solutions (flag); the same on all ranks
     life.at(step, "reference bank")
     add_references(cfg, life, run, tasks, episodes)
-    # 4. route: which turns get distilled (turn.match); the archive also keeps the audited matchers' picks
+    # 4. route: which turns get distilled (turn.match)
     router.route(turns, run.bank, cfg.router, rng)
-    audited = router.audited_matches(turns, run.bank, cfg.router) if cfg.archive_max_turns else {}
     # 5. teacher: same weights, privileged context, matched turns only (turn.teacher_logprobs)
     life.at(step, "teacher")
     with life.phase("teacher"):
         logprob_fn = teacher_logprob_fn(cfg, run)
-        sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, run.teacher, logprob_fn)
-        sd_counts |= candidate_share.counts(turns)  # measurement only, as the next line
-        sd_counts |= candidate_gain.measure(turns, cfg.router.context, run.tokenizer, run.teacher, logprob_fn)
+        sd_counts = teacher.teacher_signal(turns, cfg.router.context, run.tokenizer, cfg.teacher, logprob_fn)
+        measured, audited = step_readings(turns, run.bank, cfg.router, cfg.teacher, run.tokenizer, logprob_fn,
+                                          audit=cfg.archive_max_turns > 0)  # measurement only (measure/)
     # 6. GRPO advantages per task group (turn.advantage)
     set_advantages(episodes, cfg.env_cfg.invalid_action_penalty, cfg.grpo.norm_adv_by_std)
     # 7. update: L = L_GRPO + λ·L_SD (a vLLM engine sleeps meanwhile, freeing its GPU memory)
@@ -127,7 +125,7 @@ def train_step(cfg: Config, life: Lifecycle, run: Setup, step: int) -> None:
     life.at(step, "weight sync")
     run.engine.sync_weights(run.model)
     times = {"step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update}
-    life.end_step(run, step + 1, (episodes, counters, sd_counts, audited, times), actor)
+    life.end_step(run, step + 1, StepRecord(episodes, counters, sd_counts, measured, audited, times, actor))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -192,17 +190,19 @@ def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
 # The method's parts
 
 
-def setup(cfg: Config, life: Lifecycle) -> Setup:
+def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Setup]:
     """The policy (from the checkpoint on --resume), the frozen KL reference (the initial weights), the
-    optimizer and the bank (their state restored by `life.restore`), the rollout engine."""
+    optimizer and the bank (their state restored by `life.restore`), the rollout engine; and `cfg` with every
+    auto the model's size and the device decide filled in (config.resolve_for_model)."""
     world, ckpt = life.world, life.ckpt
     model_path = life.model_path()  # an embedded model is built by rank 0; on CUDA the memory plan must fit
     model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
+    cfg = resolve_for_model(cfg, sum(p.numel() for p in model.parameters()), world.device.type)
     ref_model = None
     if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
-        ref_model.requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))  # bf16 on CUDA
-    if grpo.grad_checkpointing_on(cfg.grpo, model):
+        ref_model.requires_grad_(False).to(getattr(torch, cfg.grpo.ref_dtype))  # bf16 on CUDA
+    if cfg.grpo.grad_checkpointing == "on":
         model.gradient_checkpointing_enable()
     model = distributed.wrap(model, world, cfg.dist.strategy)
     if ref_model is not None:
@@ -220,10 +220,8 @@ def setup(cfg: Config, life: Lifecycle) -> Setup:
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling,
                           cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
-    n_params = sum(p.numel() for p in model.parameters())
-    return Setup(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
-                 optimizer=optimizer, bank=bank, engine=engine,
-                 teacher=candidate_gain.resolved(cfg.teacher, n_params))
+    return cfg, Setup(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
+                      optimizer=optimizer, bank=bank, engine=engine)
 
 
 def banner(cfg: Config, life: Lifecycle, run: Setup) -> None:

@@ -32,8 +32,8 @@ where y leaves c has p_T = 0, floored at ORACLE_FLOOR = log 1e-6. Same routing (
 loss.
 
 What the SD term does around the matched candidate is measured beside the teacher, not in it:
-candidate_share.py (how often the student sampled the candidate; the gaps on and off it) and candidate_gain.py
-(log π_T(c) − log π_θ(c), two extra scoring passes, off from 100M parameters).
+measure/candidate_share.py (how often the student sampled the candidate; the gaps on and off it) and
+measure/candidate_gain.py (log π_T(c) − log π_θ(c), two extra scoring passes, off for a large model).
 """
 
 import math
@@ -70,8 +70,8 @@ class TeacherConfig:
     `every`)"""
     candidate_gain: Literal["auto", "on", "off"] = "auto"
     """log sd/candidate_gain (teacher − student log-prob of the matched candidate's response on distilled
-    turns): two extra scoring passes over those turns' candidates (one with the oracle); auto = on below 100M
-    parameters, where the teacher's cost does not matter (candidate_gain.py)"""
+    turns): two extra scoring passes over those turns' candidates (one with the oracle); auto = on for a small
+    model, where the teacher's cost does not matter (config.resolve_for_model; measure/candidate_gain.py)"""
 
 
 def teacher_user_text(context: router.TeacherContext, user_text: str) -> str:

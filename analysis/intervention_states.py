@@ -66,7 +66,7 @@ from environments.alfworld import normalise_action
 from environments.pool import EnvPool
 from models import HFEngine
 from records import Step, Turn
-from scale.checkpoint import derived_seed
+from scale.seeds import derived_seed
 
 
 @dataclass

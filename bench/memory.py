@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import candidate_gain  # noqa: E402
 import smrc  # noqa: E402
 import teacher  # noqa: E402
+from measure import candidate_gain  # noqa: E402
 from models import HFEngine  # noqa: E402
 from scale import lifecycle  # noqa: E402
 from scale.memory import GIB, Memory  # noqa: E402
@@ -83,10 +83,10 @@ def reference_hooks(model) -> None:
 def patched_setup(setup):
     @functools.wraps(setup)
     def run(*a, **kw):
-        s = setup(*a, **kw)
+        cfg, s = setup(*a, **kw)
         if s.ref_model is not None:
             reference_hooks(s.ref_model)
-        return s
+        return cfg, s
     return run
 
 

@@ -41,19 +41,19 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import candidate_gain  # noqa: E402
 import grpo  # noqa: E402
 import rollout  # noqa: E402
 import smrc  # noqa: E402
 import teacher  # noqa: E402
 from embedded import tiny  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
+from measure import candidate_gain  # noqa: E402
 from models import collate, generation_autocast, micro_batches, token_logprobs  # noqa: E402
 from scale import distributed, memory_plan, preflight  # noqa: E402
-from scale.checkpoint import seed_step  # noqa: E402
 from scale.lifecycle import Lifecycle  # noqa: E402
 from scale.memory import peak_bytes, reset_peak  # noqa: E402
 from scale.preflight import check_inputs, prepare_output_dir, validate_config  # noqa: E402
+from scale.seeds import seed_step  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1e6}
 ARCHS = {"qwen3-1.7b": "Qwen/Qwen3-1.7B", "qwen2.5-3b": "Qwen/Qwen2.5-3B-Instruct", "tiny": None}
@@ -261,7 +261,7 @@ def run_algo(args, algo: str, flags: list[str], world, pool: EnvPool, tok, out: 
         life.model_path = lambda: args.arch
         built = lambda path, device: (build_model(args.arch, tok, device, cfg.seed), tok)  # noqa: E731
     with mock.patch.object(smrc, "load_model", built) if args.arch else contextlib.nullcontext():
-        s = smrc.setup(cfg, life)
+        cfg, s = smrc.setup(cfg, life)
     rec, records = Recorder(world.device), []
     hooks = rec.hook(s.model, s.ref_model)
     try:
@@ -288,7 +288,7 @@ def run_algo(args, algo: str, flags: list[str], world, pool: EnvPool, tok, out: 
     planned = memory_plan.plan(cfg, memory_plan.arch_of(s.model.config.to_dict(), cfg.model), cuda, gpu_gib)
     rows = [r["logged"] for r in records]
     result = {"steps": records, "params": sum(p.numel() for p in s.model.parameters()),
-              "grad_checkpointing": grpo.grad_checkpointing_on(cfg.grpo, s.model),
+              "grad_checkpointing": cfg.grpo.grad_checkpointing == "on",
               "peak_mem_gib": max([peak_bytes(world.device) / 2**30]
                                   + [v for r in rows for k, v in r.items() if k.startswith("mem/")]),
               "mem_vs_plan": {ph: (max(r.get(f"mem/{ph}_peak_gb", 0.0) for r in rows), sum(parts.values()))

@@ -7,6 +7,8 @@ naming the file and the key (a range, such as lr > 0, is the preflight's, as for
 - `check_settings(cls, values, path)`: every key names a field of the dataclass `cls` (nested dataclasses
   recursively) and every value is of its field's kind: a Literal's choices, bool, int, float (an int too),
   str, a tuple as a list, None where the field allows it.
+- `fill_dataclass(obj, values)`: a saved smrc_config.json / config.json back into a Config (unknown keys are
+  returned; a value of the wrong kind is a ValueError).
 """
 import dataclasses
 import difflib
@@ -97,3 +99,37 @@ def check_settings(cls, values: dict, path: str, where: str = "") -> None:
             check_settings(kind, value, path, f"{where}{key}.")
         elif not _kind_ok(kind, value):
             raise _bad(path, f"{where}{key} is {value!r}, which is not {_kind_text(kind)}")
+
+
+def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
+    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the
+    default is a tuple). Returns the keys that match no field, so the caller can report them (never dropped
+    silently)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = [f"{where}{k}" for k in values if k not in names]
+    for name in names & set(values):
+        cur, v = getattr(obj, name), values[name]
+        if isinstance(cur, str) and isinstance(v, bool):  # a switch that became auto / on / off
+            v = "on" if v else "off"
+        if not _same_kind(cur, v):
+            raise ValueError(f"{where}{name} is {v!r}, where a {type(cur).__name__} belongs")
+        if dataclasses.is_dataclass(cur):
+            unknown += fill_dataclass(cur, v, f"{where}{name}.")
+        else:
+            setattr(obj, name, tuple(v) if isinstance(cur, tuple) else v)
+    return unknown
+
+
+def _same_kind(cur, v) -> bool:
+    """Whether a JSON value can stand for a field whose current value is `cur` (None: a field left open)."""
+    if cur is None:
+        return True
+    if dataclasses.is_dataclass(cur):
+        return isinstance(v, dict)
+    if isinstance(cur, bool) or isinstance(v, bool):
+        return isinstance(cur, bool) and isinstance(v, bool)
+    if isinstance(cur, (int, float)):
+        return isinstance(v, (int, float))
+    if isinstance(cur, (tuple, list)):
+        return isinstance(v, list)
+    return isinstance(v, type(cur))

@@ -5,25 +5,16 @@ expect the candidate: the part of the signal the candidate block adds.
 
 It costs two extra scoring passes over the distilled turns' candidates (the teacher's is skipped with the
 oracle, whose conditionals summed over c give log((1−α)·π_θ(c) + α)), timed apart as sd/candidate_gain_time_s.
-`--teacher.candidate-gain auto` (`resolved`) keeps it on below term_grads.MEASURE_MAX_PARAMS parameters,
-where the teacher's cost does not matter; at scale the teacher then makes one pass per distilled turn. The
-loop calls `measure` once a step, after the teacher.
+`--teacher.candidate-gain auto` keeps it on for a small model (config.resolve_for_model), where the
+teacher's cost does not matter; at scale the teacher then makes one pass per distilled turn.
+measure/step_readings.py calls `measure` once a step, after the teacher.
 """
-import dataclasses
 import time
 
 import envs
 import teacher
-from candidate_share import with_candidate
+from measure.candidate_share import with_candidate
 from models import action_trie, allowed_per_position
-from term_grads import MEASURE_MAX_PARAMS
-
-
-def resolved(cfg: teacher.TeacherConfig, n_params: int) -> teacher.TeacherConfig:
-    """`cfg` with --teacher.candidate-gain auto decided for a model of `n_params` parameters."""
-    if cfg.candidate_gain != "auto":
-        return cfg
-    return dataclasses.replace(cfg, candidate_gain="on" if n_params < MEASURE_MAX_PARAMS else "off")
 
 
 def measure(turns: list, context: str, tokenizer, cfg: teacher.TeacherConfig,
@@ -33,7 +24,7 @@ def measure(turns: list, context: str, tokenizer, cfg: teacher.TeacherConfig,
     log π_T(c_t) − log π_θ(c_t) over c's tokens, the teacher on the turn's teacher prompt (`context`), the
     student on its ordinary prompt, both through `logprob_fn` with the allowed ids the turn's trie gives c (as
     rollout builds it)."""
-    if cfg.candidate_gain not in ("on", "auto", True):  # auto: smrc resolves it by model size (`resolved`)
+    if cfg.candidate_gain != "on":
         return {}
     t0 = time.perf_counter()
     rows = [t for t in with_candidate(turns) if t.allowed is None or t.match.candidate in t.admissible]

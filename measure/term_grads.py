@@ -2,23 +2,18 @@
 a step, ‖∇L_GRPO‖ and ‖∇(λ·L_SD)‖ apart, by `torch.autograd.grad` on the graph the update's real backward then
 uses. grpo.update calls it; the ratio (actor/sd_grpo_grad_ratio) is what analysis/lambda_pilot.py reads to set
 λ. It costs two extra backward passes per micro-batch of that mini-batch and parameter-sized buffers (the two
-sums, the new gradient and their sum while adding), so `--grpo.term-grad-norms auto` leaves it off from
-MEASURE_MAX_PARAMS parameters; the pilot turns it on.
+sums, the new gradient and their sum while adding), so `--grpo.term-grad-norms auto` leaves it off for
+a large model (config.resolve_for_model); the pilot turns it on.
 
 A leaf: imports nothing from the project (the update's sample records are duck-typed).
 """
 
 import torch
 
-MEASURE_MAX_PARAMS = 100_000_000  # --grpo.term-grad-norms and --teacher.candidate-gain auto: on below it
-
 
 def can_measure(cfg, model) -> bool:
-    """--grpo.term-grad-norms (auto: a model below MEASURE_MAX_PARAMS; a bool from an older config.json counts
-    as on / off), and not under FSDP (its gradients are sharded)."""
-    mode = cfg.term_grad_norms
-    small = sum(p.numel() for p in model.parameters()) < MEASURE_MAX_PARAMS
-    return (mode in ("on", True) or (mode == "auto" and small)) and not hasattr(model, "unshard")
+    """--grpo.term-grad-norms on, and not under FSDP (its gradients are sharded)."""
+    return cfg.term_grad_norms == "on" and not hasattr(model, "unshard")
 
 
 def measured_mini_batch(mini_batches: list[list]) -> int:

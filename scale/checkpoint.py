@@ -24,8 +24,6 @@ What a run can rely on:
    checkpoint written before they were saved restores 0).
 7. A resume never overwrites the run's config.json: the flags that differ from the resumed checkpoint's are
    appended to config.resumes.jsonl (`record_config`).
-`fill_dataclass` puts a saved smrc_config.json / config.json back into a Config (unknown keys are returned; a
-value of the wrong kind is a ValueError).
 """
 
 import dataclasses
@@ -47,40 +45,6 @@ from scale.safe_io import append_line, out_of_space, stop_on_io_error
 CHECKSUMS = "checksums.sha256"
 RESUMES = "config.resumes.jsonl"  # one row per resume: the flags that differ from the checkpoint's config
 _SUM_LINE = re.compile(r"([0-9a-f]{64}) [ *]([^/\\]+)")  # sha256sum's format: digest, ' ' or '*', file name
-
-
-def fill_dataclass(obj, values: dict, where: str = "") -> list[str]:
-    """Overwrite obj's fields from a JSON dict (nested dataclasses recursively, lists back to tuples where the
-    default is a tuple). Returns the keys that match no field, so the caller can report them (never dropped
-    silently)."""
-    names = {f.name for f in dataclasses.fields(obj)}
-    unknown = [f"{where}{k}" for k in values if k not in names]
-    for name in names & set(values):
-        cur, v = getattr(obj, name), values[name]
-        if isinstance(cur, str) and isinstance(v, bool):  # a switch that became auto / on / off
-            v = "on" if v else "off"
-        if not _same_kind(cur, v):
-            raise ValueError(f"{where}{name} is {v!r}, where a {type(cur).__name__} belongs")
-        if dataclasses.is_dataclass(cur):
-            unknown += fill_dataclass(cur, v, f"{where}{name}.")
-        else:
-            setattr(obj, name, tuple(v) if isinstance(cur, tuple) else v)
-    return unknown
-
-
-def _same_kind(cur, v) -> bool:
-    """Whether a JSON value can stand for a field whose current value is `cur` (None: a field left open)."""
-    if cur is None:
-        return True
-    if dataclasses.is_dataclass(cur):
-        return isinstance(v, dict)
-    if isinstance(cur, bool) or isinstance(v, bool):
-        return isinstance(cur, bool) and isinstance(v, bool)
-    if isinstance(cur, (int, float)):
-        return isinstance(v, (int, float))
-    if isinstance(cur, (tuple, list)):
-        return isinstance(v, list)
-    return isinstance(v, type(cur))
 
 
 def step_of(path: Path) -> int | None:
@@ -398,21 +362,3 @@ def load_trainer_state(ckpt: Path, model, optimizer, bank, guards: dict | None =
     if guards is not None:
         guards.update({k: v for k, v in state.get("guards", {}).items() if k in guards})
     return state["step"]
-
-
-SEED_STRIDE, STEP_STRIDE = 1_000_003, 101  # derived seeds:
-                                           # seed·SEED_STRIDE + step·STEP_STRIDE + stream + rank
-
-
-def derived_seed(seed: int, step: int = 0, rank: int = 0, stream: int = 0) -> int:
-    """The one formula every torch seed of a run derives from (steps, validation, evaluation panels), so a
-    resumed run and a re-run evaluation replay the same numbers."""
-    return seed * SEED_STRIDE + step * STEP_STRIDE + stream + rank
-
-
-def seed_step(seed: int, step: int, rank: int = 0) -> random.Random:
-    """Seed torch and numpy for a training step from (seed, step, rank);
-    returns the step's Python RNG (routing)."""
-    torch.manual_seed(derived_seed(seed, step, rank))
-    np.random.seed(derived_seed(seed, step, rank) % 2**32)
-    return random.Random(f"{seed}-{step}-{rank}")

@@ -36,7 +36,6 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
 
 import torch
 import torch.distributed as td
@@ -251,13 +250,3 @@ class OneErrorLine:
         if w is not None and w.phase != "set-up":  # in the training loop: possibly this rank's alone
             print(f"[rank {rank}] {e.code}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-
-
-@dataclass
-class DistConfig:
-    strategy: Literal["ddp", "fsdp"] = "ddp"
-    """under torchrun: ddp (full model per rank) or fsdp (parameters, gradients, optimizer state and the KL
-    reference sharded, for models that do not fit one device)"""
-    timeout_s: float = 1800.0
-    """under torchrun: the longest a collective waits for the other ranks (a stalled or dead rank) before the
-    run ends with one line naming the rank and phase; cover the slowest rank's rollout of a step"""

@@ -29,9 +29,10 @@ import rollout
 import router
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
+from records import StepRecord
 from scale import distributed
 from scale.checkpoint import (initial_weights, latest_checkpoint, load_trainer_state, save_checkpoint,
-                              seed_step, set_aside_newer)
+                              set_aside_newer)
 from scale.distributed import print0
 from scale.memory import Memory, return_freed_memory
 from scale.memory_plan import check_fits
@@ -40,6 +41,7 @@ from scale.preempt import Preempted, StopSignals
 from scale.preflight import check_inputs, check_world, open_run, validate_config
 from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
+from scale.seeds import seed_step
 from scale.trackers import Trackers
 
 
@@ -163,13 +165,12 @@ class Lifecycle:
                              f"no prompt: all {n} episodes of step {step + 1} ended before their first turn, "
                              f"so there is nothing to train on; raise it")
 
-    def end_step(self, run, step: int, done: tuple, actor: dict) -> None:
-        """After step `step` (1-based) of the method: its record (`done`: episodes, env counters, teacher
-        counts, audited matches, times; `actor`: the update's metrics), validation and a checkpoint when due,
-        and the stop a signal asked for."""
-        self.nonfinite = actor["actor/nonfinite_streak"]
+    def end_step(self, run, step: int, record: StepRecord) -> None:
+        """After step `step` (1-based) of the method: its record, validation and a checkpoint when due, and
+        the stop a signal asked for."""
+        self.nonfinite = record.actor_metrics["actor/nonfinite_streak"]
         self.at(step - 1, "metrics")
-        self.report(run, step, done, actor)
+        self.report(run, step, record)
         cfg = self.cfg
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             self.at(step - 1, "validation")
@@ -182,23 +183,24 @@ class Lifecycle:
         if self.stop is not None and self.stop.requested(self.world):
             self.stop_after(run, step)
 
-    def report(self, run, step: int, done: tuple, actor: dict) -> None:
+    def report(self, run, step: int, record: StepRecord) -> None:
         """The step's record: every rank's numbers gathered; rank 0 writes the metrics row, the archive and
         the trackers."""
-        episodes, counters, sd_counts, audited, times = done
+        episodes, times = record.episodes, record.times
         turns = [t for e in episodes for t in e.turns]
         mem = self.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
         on_cuda = self.world.device.type == "cuda"
-        local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-                 "rows": archive_rows(step, episodes, audited),
+        local = {"rollout": rollout.episode_stats(episodes), "counters": record.env_counters,
+                 "sd": record.teacher_counts | record.measured_counts,
+                 "rows": archive_rows(step, episodes, record.audited_matches),
                  "route": router.route_metrics(turns, run.bank),
                  "times": {**times, "peak_gpu_mem_gb": max(mem.values()) if on_cuda else 0.0},
                  "mem": mem, "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
                  "env": self.pool.take_crashes()}  # env/worker_restarts, env/episodes_replayed
         everyone = self.world.gather(local)
         if self.world.is_main:
-            self.trackers.log(log_step(self.out, step, self.cfg.steps, everyone, actor, run.bank,
-                                       self.cfg.archive_max_turns))
+            self.trackers.log(log_step(self.out, step, self.cfg.steps, everyone, record.actor_metrics,
+                                       run.bank, self.cfg.archive_max_turns))
 
     def save(self, run, step: int) -> None:
         t0 = time.perf_counter()

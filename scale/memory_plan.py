@@ -121,19 +121,19 @@ LEVERS = {  # the flag that moves each part most
 
 
 def _choices(cfg, arch: Arch, cuda: bool, nproc: int) -> dict:
-    """What the run's flags resolve to for this model and device (grpo.py's decisions and thresholds)."""
-    import grpo
+    """What the run's flags resolve to for this model and device (config.resolve_for_model: the run's own
+    decisions)."""
     import torch
-    P, fsdp = arch.params, cfg.dist.strategy == "fsdp" and nproc > 1
-    big, small = P >= grpo.GRAD_CHECKPOINTING_MIN_PARAMS, P < grpo.MEASURE_MAX_PARAMS
-    mode, terms = cfg.grpo.grad_checkpointing, cfg.grpo.term_grad_norms
-    ref_bytes = grpo.ref_dtype(cfg.grpo, torch.device("cuda" if cuda else "cpu")).itemsize
+    from config import resolve_for_model
+    cfg = resolve_for_model(cfg, arch.params, "cuda" if cuda else "cpu")
+    fsdp = cfg.dist.strategy == "fsdp" and nproc > 1
+    ref_bytes = getattr(torch, cfg.grpo.ref_dtype).itemsize
     engine = cfg.rollout.engine if cfg.rollout.engine != "auto" else ("vllm" if cuda else "hf")
     backend = cfg.teacher.backend if cfg.teacher.backend != "auto" else engine
     return dict(shards=nproc if fsdp else 1, fsdp=fsdp, b=2 if cuda and cfg.grpo.bf16 else 4,
-                ckpt=mode in ("on", True) or (mode == "auto" and big),
+                ckpt=cfg.grpo.grad_checkpointing == "on",
                 ref_bytes=0 if cfg.grpo.kl_coef <= 0 else ref_bytes,
-                terms=not fsdp and (terms in ("on", True) or (terms == "auto" and small)),
+                terms=not fsdp and cfg.grpo.term_grad_norms == "on",
                 engine=engine, backend=backend)
 
 

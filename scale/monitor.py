@@ -28,10 +28,11 @@ import torch
 
 import envs
 import rollout
-from scale.checkpoint import derived_seed, write_checksums, write_folder
+from scale.checkpoint import write_checksums, write_folder
 from scale.distributed import full_state_dict, unwrap
 from scale.run_logs import write_archive
 from scale.safe_io import append_line, stop_on_io_error
+from scale.seeds import derived_seed
 
 VALIDATION_STREAM = 7  # validation samples under its own torch seed stream (derived_seed),
                        # apart from the step's

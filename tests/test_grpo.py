@@ -188,15 +188,20 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tiny):
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
-def test_grad_checkpointing_auto_is_on_for_large_models_only():
-    small, large = ToyLM(), torch.nn.Linear(1, 1)
-    # 100M parameters, no memory
-    large.weight = torch.nn.Parameter(torch.empty(100_000_000, 1, device="meta"))
-    assert grpo.grad_checkpointing_on(GRPOConfig(), large)  # on any device: a real model's update on CPU too
-    assert not grpo.grad_checkpointing_on(GRPOConfig(), small)
-    assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="on"), small)
-    assert not grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing="off"), large)
-    assert grpo.grad_checkpointing_on(GRPOConfig(grad_checkpointing=True), small)  # an older config.json
+def test_every_size_auto_is_decided_once_by_the_model_size_and_the_device():
+    """config.resolve_for_model: from 100M parameters the update recomputes activations (on CPU too) and the
+    measurements are off; below, the reverse; a flag given stays; the KL reference is bf16 on CUDA only."""
+    from config import Config, resolve_for_model
+    large, small = resolve_for_model(Config(), 100_000_000, "cpu"), resolve_for_model(Config(), 10**6, "cuda")
+    assert (large.grpo.grad_checkpointing, large.grpo.term_grad_norms, large.teacher.candidate_gain,
+            large.grpo.ref_dtype) == ("on", "off", "off", "float32")
+    assert (small.grpo.grad_checkpointing, small.grpo.term_grad_norms, small.teacher.candidate_gain,
+            small.grpo.ref_dtype) == ("off", "on", "on", "bfloat16")
+    given = Config(grpo=GRPOConfig(grad_checkpointing="on", term_grad_norms="off", ref_dtype="float32"))
+    kept = resolve_for_model(given, 10**6, "cuda")
+    assert (kept.grpo.grad_checkpointing, kept.grpo.term_grad_norms, kept.grpo.ref_dtype) == ("on", "off",
+                                                                                             "float32")
+    assert given.teacher.candidate_gain == "auto"  # a copy: the run's own config is left as given
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -330,7 +335,7 @@ def test_later_minibatch_sd_gradient_is_rho_times_minus_delta_with_the_teacher_f
     old, T = math.log(0.2), math.log(0.5)
     m = ToyLM()
     cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=1.0, max_grad_norm=1e9, mini_batch_size=1,
-                     sd_is_cap=cap, term_grad_norms=False)
+                     sd_is_cap=cap, term_grad_norms="off")
     out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=1.0), [sample([1], [0], 0.0, [old], [T])] * 2,
                       cfg, pad_id=0)
     w = torch.zeros(5)
@@ -351,13 +356,14 @@ def test_term_gradient_norms_are_each_terms_norm_and_change_nothing(budget):
     same update with advantages 0; turning the measurement off leaves the weights bit for bit the same."""
     samples = [sample([1], [0, 3], 1.0, [math.log(0.2)] * 2, [math.log(0.6), math.log(0.1)]),
                sample([1], [2], -1.0, [math.log(0.2)])]
-    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, micro_batch_tokens=budget)
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, micro_batch_tokens=budget,
+                     term_grad_norms="on")
 
     def run(data, measure=True):
         m = ToyLM()
         m.logits.data = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5])
         out = grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.1), data,
-                          dataclasses.replace(cfg, term_grad_norms=measure), pad_id=0)
+                          dataclasses.replace(cfg, term_grad_norms="on" if measure else "off"), pad_id=0)
         return out, m.logits.detach()
     both, w = run(samples)
     grpo_only, _ = run([dataclasses.replace(s, teacher_logprobs=None) for s in samples])
@@ -380,7 +386,7 @@ def test_sd_gradient_is_linear_in_lambda_and_absent_without_a_term():
     def run(data, lam):
         m = ToyLM()
         m.logits.data = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5])
-        cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=lam, max_grad_norm=1e9)
+        cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=lam, max_grad_norm=1e9, term_grad_norms="on")
         return grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.1), data, cfg, pad_id=0)
     strong, weak = run(samples, 0.2), run(samples, 0.03)
     assert weak["actor/grad_norm_grpo"] == pytest.approx(strong["actor/grad_norm_grpo"], rel=1e-6)
@@ -397,7 +403,8 @@ def test_term_gradient_norms_skip_a_mini_batch_with_nothing_to_measure():
     lp = torch.log_softmax(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5]), -1).tolist()  # ToyLM's: the ratio is 1
     quiet = sample([1], [2], 0.0, [lp[2]])
     busy = sample([1], [0, 3], 1.0, [lp[0], lp[3]], [math.log(0.6), math.log(0.1)])
-    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, mini_batch_size=1)
+    cfg = GRPOConfig(kl_coef=0.0, entropy_coef=0.0, sd_coef=0.7, max_grad_norm=1e9, mini_batch_size=1,
+                     term_grad_norms="on")
 
     def run(data):
         m = ToyLM()

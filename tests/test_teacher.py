@@ -9,12 +9,11 @@ import math
 import pytest
 import torch
 
-import candidate_gain
-import candidate_share
 import envs
 import router
 import teacher
 from fakes import teacher_requests, turn
+from measure import candidate_gain, candidate_share
 from models import action_trie, allowed_per_position, chat_ids
 from records import Step
 from router import TeacherContext
@@ -181,7 +180,7 @@ def test_oracle_teacher_scores_nothing_and_its_candidate_gain_needs_the_student_
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -0.25)
-    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(oracle=0.5), scorer)
+    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(oracle=0.5, candidate_gain="on"), scorer)
     assert lp[2] is None and stats["sd/distilled_turns"] == 2 and stats["sd/teacher_tokens"] == 0
     for i in (0, 1):  # each turn's own sampled tokens against its candidate's tokens
         c = teacher.candidate_ids(tok, matches[i].candidate)
@@ -200,7 +199,7 @@ def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(ti
     _, tok = tiny
     turns, matches = _routed(tok)
     calls, scorer = _recording(lambda calls: -1.0 if len(calls) == 3 else -3.0)  # the teacher pass of c: -1
-    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(), scorer)
+    lp, stats = _signal(turns, matches, "smrc", tok, TeacherConfig(candidate_gain="on"), scorer)
     assert [len(x) for x in calls[0][:2]] == [2, 2]  # the distillation pass: both matched turns
     student, cand_teacher = calls[1], calls[2]
     c = teacher.candidate_ids(tok, "go to fridge 1")
@@ -208,7 +207,7 @@ def test_candidate_gain_scores_the_candidate_under_both_prompts_with_one_mask(ti
     assert student[0] == [turns[0].prompt_ids] and cand_teacher[0] == [calls[0][0][0]]
     assert student[1] == cand_teacher[1] == [c] and student[2] == cand_teacher[2]
     assert stats["sd/candidate_gain_sum"] == pytest.approx(2.0 * len(c)) and stats["sd/candidate_turns"] == 1
-    _, off = _signal(turns, matches, "smrc", tok, TeacherConfig(candidate_gain=False), scorer)
+    _, off = _signal(turns, matches, "smrc", tok, TeacherConfig(candidate_gain="off"), scorer)
     assert "sd/candidate_turns" not in off
 
 
