@@ -350,7 +350,7 @@ def generation_autocast(device: torch.device, bf16: bool, static_cache: bool):
     """The context sampling runs in: bfloat16 autocast on CUDA with `bf16`, except with a static KV cache.
     transformers' static cache stores a layer's keys and values in one dtype (the keys'), and under autocast
     Qwen3's normed keys come out float32 beside bfloat16 values, so bf16 + static cache fails on its first
-    write (seen on an H200, 2026-12-04); with a static cache, sampling stays float32."""
+    write; with a static cache, sampling stays float32."""
     if bf16 and device.type == "cuda" and not static_cache:
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()

@@ -54,16 +54,14 @@ from records import WITHOUT_REFERENCE, Match, Step, Trajectory, Turn
 @dataclass
 class RouterConfig:
     matcher: Literal["structured", "observation", "history", "history-full", "random", "with-reference",
-                     "every-turn", "none", "all", "every"] | None = None
+                     "every-turn", "none"] | None = None
     """turns to distil: structured (SMRC-SD: the environment's signature), observation (the generic signature
     of envs.observation_signature, for any environment), history (last h pairs + observation), history-full
     (same prefix), random (control), with-reference (FullPath-SD: every turn of a task with a reference),
-    every-turn (reference or not), none; all / every are the old names of with-reference / every-turn; None =
-    set by --algo"""
-    context: Literal["trajectory", "summary", "candidate", "smrc", "skill", "fullpath", "full"] | None = None
+    every-turn (reference or not), none; None = set by --algo"""
+    context: Literal["trajectory", "summary", "candidate", "smrc", "skill"] | None = None
     """teacher context: trajectory (FullPath-SD), summary (+state), candidate (+candidate action), smrc
-    (trajectory + state + candidate: SMRC-SD), skill (skill files); fullpath / full are the old names of
-    trajectory / smrc; None = set by --algo"""
+    (trajectory + state + candidate: SMRC-SD), skill (skill files); None = set by --algo"""
     history_window: int | None = None
     """h of the `history` matcher: (observation, action) pairs compared; None = the env's prompt
     history_length"""
@@ -161,7 +159,6 @@ def _trajectory_from_json(d: dict) -> Trajectory:
     return Trajectory(d["task_id"], d["traj_id"], steps, d["success"], d["final_observation"])
 
 
-
 # ----------------------------------------------------------------------------------------------------------
 # Matchers: (turns, their references in preference order, config, rng) -> one Match or None per turn
 
@@ -220,7 +217,7 @@ def match_structured(turn: Turn, refs: list[Trajectory]) -> Match | None:
     return match_state([turn], [refs], signature_at)[0]
 
 
-def match_all(turn: Turn, refs: list[Trajectory]) -> Match | None:
+def match_by_index(turn: Turn, refs: list[Trajectory]) -> Match | None:
     """FullPath-SD: every turn of a task with a reference, index-aligned (choice 5)."""
     usable = _usable(turn, refs)
     if not usable:
@@ -232,11 +229,11 @@ def match_all(turn: Turn, refs: list[Trajectory]) -> Match | None:
 
 def _random(turns: list[Turn], refs: list[list[Trajectory]], cfg: RouterConfig, rng: random.Random) -> list:
     """The paper's control: exactly as many turns as `structured` selects on this batch, drawn uniformly
-    (rng.sample) among the turns whose task has a reference, each given `match_all`'s index-aligned match."""
+    (rng.sample) among the turns whose task has a reference, each given `match_by_index`'s match."""
     n_structured = sum(m is not None for m in match_state(turns, refs, signature_at))
     eligible = [i for i, t in enumerate(turns) if _usable(t, refs[i])]
     chosen = set(rng.sample(eligible, n_structured))  # n_structured <= len(eligible): a match needs a ref
-    return [match_all(t, r) if i in chosen else None for i, (t, r) in enumerate(zip(turns, refs))]
+    return [match_by_index(t, r) if i in chosen else None for i, (t, r) in enumerate(zip(turns, refs))]
 
 
 MATCHERS: dict[str, Callable[[list[Turn], list[list[Trajectory]], RouterConfig, random.Random], list]] = {
@@ -246,8 +243,8 @@ MATCHERS: dict[str, Callable[[list[Turn], list[list[Trajectory]], RouterConfig, 
     "history-full": lambda turns, refs, cfg, rng: match_state(turns, refs, prefix_at),
     "observation": lambda turns, refs, cfg, rng: match_state(turns, refs, observation_at),
     "random": _random,
-    "with-reference": lambda turns, refs, cfg, rng: [match_all(t, r) for t, r in zip(turns, refs)],
-    "every-turn": lambda turns, refs, cfg, rng: [match_all(t, r) or WITHOUT_REFERENCE
+    "with-reference": lambda turns, refs, cfg, rng: [match_by_index(t, r) for t, r in zip(turns, refs)],
+    "every-turn": lambda turns, refs, cfg, rng: [match_by_index(t, r) or WITHOUT_REFERENCE
                                                  for t, r in zip(turns, refs)],
     "none": lambda turns, refs, cfg, rng: [None] * len(turns),
 }

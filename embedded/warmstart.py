@@ -18,7 +18,7 @@ Recipe (its choices and their measurements are in the README, "Learning you can 
   joined to the ordinary prompt as teacher.py joins them) -> the reference's next action there (the
   candidate). Its format is one of the state's own blocks (`summary`, `candidate`, `smrc`, rotating), and a
   state matched at its own step index also gets the bare `trajectory`, which FullPath-SD's teacher must read
-  by step number (router.match_all aligns by index). The same state's plain example keeps the expert's own
+  by step number (as router.match_by_index aligns it). The same state's plain example keeps the expert's own
   label, so where the two differ only the context is right (`context_stats` counts that share by format and
   phase; the build writes it to warmstart_stats.json).
   Mismatched states are never used, in either direction, so the teacher's behaviour off-reference is whatever

@@ -14,7 +14,7 @@ from fakes import turn
 from records import WITHOUT_REFERENCE, Match, Step, Trajectory
 from router import matches as match_turns
 from router import (
-    CONTEXT_BLOCKS, MATCHERS, ReferenceBank, RouterConfig, match_all, match_state, match_structured,
+    CONTEXT_BLOCKS, MATCHERS, ReferenceBank, RouterConfig, match_by_index, match_state, match_structured,
     prefix_at, route_metrics, skill_text, state_summary, teacher_context, window_at,
 )
 
@@ -153,14 +153,14 @@ def test_all_and_none():
     matches = routed(turns_of(DETOUR), bank_with(REF, DETOUR), "with-reference", random.Random(0))
     assert positions(matches) == [("ref", i, REF.steps[i].action) for i in range(4)]
     long_turn = turn("t0", "stu", 9, DETOUR.steps[0])
-    assert match_all(long_turn, [REF]).position == 3  # beyond the reference's end: its last step
+    assert match_by_index(long_turn, [REF]).position == 3  # beyond the reference's end: its last step
     assert routed(turns_of(DETOUR), bank_with(REF, DETOUR), "none", random.Random(0)) == [None] * 4
 
 
 def test_every_matcher_the_flag_allows_has_one_entry_in_the_dispatch_table():
     literal = typing.get_args(typing.get_type_hints(RouterConfig)["matcher"])[0]
-    from config import MATCHER_ALIASES  # the old names, mapped by config.resolve only
-    assert set(typing.get_args(literal)) == set(MATCHERS) | set(MATCHER_ALIASES)
+    from config import MATCHER_ALIASES  # the old names: config.py's alias maps only, never a flag's choice
+    assert set(typing.get_args(literal)) == set(MATCHERS)
     assert set(MATCHER_ALIASES.values()) <= set(MATCHERS)
 
 
@@ -412,7 +412,7 @@ def test_route_equals_the_matchers_applied_turn_by_turn():
     """`route` indexes every reference once and sorts the references once per task: the same matches as each
     matcher applied to each turn with bank.references (the definition), on random batches."""
     naive = {"structured": match_structured, "history-full": lambda t, r: match_state([t], [r], prefix_at)[0],
-             "with-reference": match_all}
+             "with-reference": match_by_index}
     for seed in range(20):
         turns, bank = _random_batch(seed)
         refs = [bank.references(t.task_id, exclude_traj_id=t.traj_id) for t in turns]
