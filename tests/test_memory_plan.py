@@ -5,7 +5,8 @@ against the peak that run logged (±15%), its parts against the memory each fix 
   before the optimizer state exists, 8.12 at step 2): resident memory, the process included.
 - Qwen3-1.7B (random weights) on an H200 (bench/results/gpu_h200, bench/gpu.py's settings of that day: 4 × 4
   episodes, 192 new tokens, 4096-token prompts, 16,384-token micro-batches, the transformers engine, a float32
-  KL reference and the term-gradient measurement, both the defaults then; peak allocated 62.8 / 75.7 GiB).
+  KL reference and the term-gradient measurement, both the defaults then; peak allocated 62.8 / 75.7 GiB:
+  the step's peak over every phase, as its log holds no phase's own, held against the plan's update).
 The errors are printed with -s.
 
 Run: pytest tests/test_memory_plan.py -q -s
