@@ -27,8 +27,9 @@ steps 3-5 and never enter a rollout prompt.
 
 Read the method in this order: envs.py (the environment contract), rollout.py, router.py, teacher.py, grpo.py,
 models.py; the flags and presets are in config.py. The run's lifecycle around the loop (checks, lock, resume,
-preemption, memory watchdog, metrics and trackers, validation, checkpoints) is scale/lifecycle.py; the
-support is in environments/, scale/, embedded/ (and analysis/, bench/ beside evaluate.py).
+preemption, memory watchdog, metrics and trackers, validation, checkpoints) is scale/lifecycle.py; what a step
+measures beside the method is measure/; the support is in environments/, scale/, embedded/, configs/ (and
+analysis/, bench/ beside evaluate.py).
 """
 
 import copy
@@ -47,8 +48,8 @@ import router
 import teacher
 from config import (ALGOS, Config, config_from_run, default_sd_coef, parse_config,  # noqa: F401
                     resolve_for_model)
-from models import HFEngine, load_model
 from measure.step_readings import step_readings
+from models import HFEngine, load_model
 from records import StepRecord, Trajectory, Turn
 from scale import distributed
 from scale.lifecycle import Lifecycle, started
