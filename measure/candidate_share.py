@@ -5,8 +5,8 @@ kind up a little and pushes the second kind down hard; the oracle teacher (--tea
 that, so these counts are what its runs are read by (scale/monitor.sd_diagnostics: sd/candidate_sampled_share,
 sd/gap_on_candidate, sd/gap_off_candidate).
 
-A leaf: the turns (records.Turn) are duck-typed. The loop calls `counts` once a step, after the teacher;
-candidate_gain.py reads the same turns (`with_candidate`).
+A leaf: the turns (records.Turn) are duck-typed. step_readings.py calls `counts` once a step, after the
+teacher; candidate_gain.py reads the same turns (`with_candidate`).
 """
 
 

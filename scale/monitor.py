@@ -118,11 +118,11 @@ def sd_diagnostics(everyone: list[dict]) -> dict:
     over them of log π_student − log π_teacher (the student's sampling log-probs: unbiased on the student's
     own samples; = −sd/teacher_minus_student_logp); sd/kl_per_turn: the same sum per distilled turn (most
     tokens of a turn may be forced, with a gap of exactly 0, which the per-token mean hides). On the distilled
-    turns with a candidate (candidate_share.py): sd/candidate_sampled_share, the share whose sampled
+    turns with a candidate (measure/candidate_share.py): sd/candidate_sampled_share, the share whose sampled
     action is the candidate, and the mean turn gap Σ_t log π_T − log π_student over those turns
     (sd/gap_on_candidate) and the others (sd/gap_off_candidate); NaN where a count is 0. sd/candidate_gain:
     the mean over distilled turns with a candidate of log π_T(c) − log π_θ(c), the candidate's response scored
-    under both prompts (candidate_gain.py; absent with --teacher.candidate-gain off)."""
+    under both prompts (measure/candidate_gain.py; absent with --teacher.candidate-gain off)."""
     def total(key):
         return sum(r["sd"].get(key, 0) for r in everyone)
 
