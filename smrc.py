@@ -59,8 +59,8 @@ NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step
 
 
 @dataclass
-class Setup:
-    """The method's parts, built once by `setup` (restored from a checkpoint on --resume)."""
+class Run:
+    """The parts the method steps use, built once by `setup` (restored from a checkpoint on --resume)."""
     train_tasks: list[envs.Task]
     model: torch.nn.Module        # the policy, wrapped for DDP/FSDP under torchrun
     tokenizer: object
@@ -84,7 +84,7 @@ def main(cfg: Config) -> None:
                 train_step(cfg, life, run, step)
 
 
-def train_step(cfg: Config, life: Lifecycle, run: Setup, step: int) -> None:
+def train_step(cfg: Config, life: Lifecycle, run: Run, step: int) -> None:
     t_step = time.perf_counter()
     rng = life.seed(step)  # torch, numpy, random; the router's own generator
     # 1. sample task groups (the same draw on every rank), each rank plays its shard of the groups
@@ -140,7 +140,7 @@ def step_tasks(cfg: Config, life: Lifecycle, step: int) -> list[envs.Task]:
     return life.world.shard([life.train_tasks[i] for i in sorted(pick)])
 
 
-def add_references(cfg: Config, life: Lifecycle, run: Setup, tasks: list[envs.Task],
+def add_references(cfg: Config, life: Lifecycle, run: Run, tasks: list[envs.Task],
                    episodes: list[rollout.Episode]) -> None:
     """Step 3: every rank's trajectories of the step (the group's successes) and new planner references
     (--router.seed-with-planner) into the bank, which is then the same on every rank."""
@@ -151,7 +151,7 @@ def add_references(cfg: Config, life: Lifecycle, run: Setup, tasks: list[envs.Ta
         run.bank.add_planner(ref)
 
 
-def planner_references(cfg: Config, run: Setup, tasks: list[envs.Task]) -> list[Trajectory]:
+def planner_references(cfg: Config, run: Run, tasks: list[envs.Task]) -> list[Trajectory]:
     """The planner's solution of every task not yet in the bank (router choice 4), replayed through an env
     without a step limit (a plan may be longer than the student's max_steps). The plan is built with the run's
     env config."""
@@ -177,7 +177,7 @@ def set_advantages(episodes: list[rollout.Episode], penalty: float, norm_by_std:
         turn.advantage = advantage
 
 
-def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
+def teacher_logprob_fn(cfg: Config, run: Run) -> teacher.LogprobFn:
     temperature = cfg.rollout.sampling.temperature
     if cfg.teacher.backend == "vllm":  # prompt_logprobs over [teacher prompt + response], rollout engine
         return teacher.vllm_logprob_fn(run.engine, temperature)
@@ -191,7 +191,7 @@ def teacher_logprob_fn(cfg: Config, run: Setup) -> teacher.LogprobFn:
 # The method's parts
 
 
-def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Setup]:
+def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
     """The policy (from the checkpoint on --resume), the frozen KL reference (the initial weights), the
     optimizer and the bank (their state restored by `life.restore`), the rollout engine; and `cfg` with every
     auto the model's size and the device decide filled in (config.resolve_for_model)."""
@@ -221,11 +221,11 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Setup]:
     else:
         engine = HFEngine(distributed.unwrap(model), tokenizer, cfg.rollout.sampling,
                           cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
-    return cfg, Setup(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
-                      optimizer=optimizer, bank=bank, engine=engine)
+    return cfg, Run(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
+                    optimizer=optimizer, bank=bank, engine=engine)
 
 
-def banner(cfg: Config, life: Lifecycle, run: Setup) -> None:
+def banner(cfg: Config, life: Lifecycle, run: Run) -> None:
     """What the run resolved to, once (rank 0)."""
     world, say = life.world, lambda text: distributed.print0(life.world, text)
     oracle = f" oracle alpha={cfg.teacher.oracle:g}" if cfg.teacher.oracle > 0 else ""

@@ -206,7 +206,7 @@ def _tokens(prompts: list[list[int]], responses: list[list[int]]) -> int:
     return sum(len(p) + len(r) for p, r in zip(prompts, responses))
 
 
-def measure_floors(cfg, s: smrc.Setup, rec: Recorder, repeats: int) -> dict:
+def measure_floors(cfg, s: smrc.Run, rec: Recorder, repeats: int) -> dict:
     """{phase: (floor seconds, the least of `repeats` timings, or None without repeats; tokens)} of each
     model phase of the step `rec` recorded."""
     pad, temp, bf16 = s.tokenizer.pad_token_id, cfg.rollout.sampling.temperature, cfg.grpo.bf16
