@@ -1,13 +1,19 @@
-"""Preemption under torchrun, on 2 gloo ranks (scale/launcher.py, scale/lifecycle.py): SIGTERM to the launcher
-during a step that lasts longer than torchrun's default 30 s grace, launched with `--shutdown-timeout 60`,
-saves that step; the ranks print the resume command once, as a torchrun command with --nproc_per_node 2; no
-process is left; the resume ends as the uninterrupted run. A resume on another world size is one error line
-naming both sizes, both ways, and writes no row to config.resumes.jsonl.
+"""Preemption and lost ranks under torchrun, on 2 gloo ranks (scale/launcher.py, scale/lifecycle.py,
+scale/run_folder.py, scale/distributed.py; issues 64 and 69):
+- SIGTERM to the launcher during a step longer than torchrun's default 30 s grace, launched with
+  `--shutdown-timeout 60`, saves that step; the ranks print the resume command once, as a torchrun command
+  with --nproc_per_node 2; torchrun exits 1 with its own report after our line; no process is left; the
+  printed command resumes it and the run ends as the uninterrupted one. Resuming it on one process is one
+  error line naming both world sizes, with no row in config.resumes.jsonl.
+- A SIGTERM in the last step (one process) says the run is complete, exits 0 and prints no resume command;
+  2 ranks may not resume that one-process checkpoint (one error line, no row).
+- A rank SIGKILLed after step 1: rank 0's line says it lost a rank (not that it waited out a timeout), with
+  the phase and the newest checkpoint; no process is left.
 
-The environment is docs/environments.md's KeyDoor; a trigger file makes one env step sleep 35 s, so the test
-knows a step is in flight when it sends the signal.
+The environment is docs/environments.md's KeyDoor; a trigger file makes one env step sleep the seconds it
+holds, so the test knows a step is in flight when it sends the signal.
 
-Run: pytest tests/test_torchrun_preempt.py -q
+Run: pytest tests/test_torchrun_preempt.py -q   (about 3 minutes on 2 busy cores)
 """
 import hashlib
 import json
@@ -22,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_external_env import example_source
+from tests.test_ranks import _rank_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("quick_agent")  # build it on every core first (conftest)
@@ -117,20 +124,7 @@ def test_sigterm_to_torchrun_saves_a_long_step_and_the_printed_resume_continues_
     assert len((out / "config.resumes.jsonl").read_text().splitlines()) == 1
 
 
-def test_a_one_process_checkpoint_is_not_resumed_on_2_ranks(tmp_path):
-    env, out = _env(tmp_path), tmp_path / "one"
-    first = _run([sys.executable, "smrc.py", *RUN, "--steps", "1", "--output-dir", str(out)], env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    two = _run([*TORCHRUN, *LAUNCH, "smrc.py", *RUN, "--steps", "2", "--resume", "--output-dir", str(out)],
-               env)
-    ours = [x for x in (two.stdout + two.stderr).splitlines() if "error:" in x]
-    assert two.returncode != 0 and len(ours) == 1, two.stdout[-3000:] + two.stderr[-3000:]
-    assert ours[0].startswith(f"error: --resume: {out / 'step_000001'} was trained on one process (python "
-                              f"smrc.py), this launch has 2 ranks (torchrun --nproc_per_node 2)")
-    assert not (out / "config.resumes.jsonl").exists() and "Traceback" not in two.stdout
-
-
-def test_a_stop_during_the_last_step_says_the_run_is_complete(tmp_path):
+def test_a_stop_in_the_last_step_says_the_run_is_complete_and_2_ranks_may_not_resume_it(tmp_path):
     env, out = _env(tmp_path), tmp_path / "last"
     (tmp_path / "trigger").write_text("3")  # step 1's rollout takes it: the signal comes inside the step
     proc = subprocess.Popen([sys.executable, "smrc.py", *RUN, "--steps", "1", "--output-dir", str(out)],
@@ -145,3 +139,29 @@ def test_a_stop_during_the_last_step_says_the_run_is_complete(tmp_path):
     assert "[smrc] SIGTERM came during the last step (1): the run is complete" in stdout
     assert "continue with" not in stdout and stdout.strip().splitlines()[-1].startswith("[smrc] done: ")
     assert (out / "step_000001" / "model.safetensors").exists()
+    two = _run([*TORCHRUN, *LAUNCH, "smrc.py", *RUN, "--steps", "2", "--resume", "--output-dir", str(out)],
+               env)  # a one-process checkpoint on 2 ranks
+    ours = [x for x in (two.stdout + two.stderr).splitlines() if "error:" in x]
+    assert two.returncode != 0 and len(ours) == 1, two.stdout[-3000:] + two.stderr[-3000:]
+    assert ours[0].startswith(f"error: --resume: {out / 'step_000001'} was trained on one process (python "
+                              f"smrc.py), this launch has 2 ranks (torchrun --nproc_per_node 2)")
+    assert not (out / "config.resumes.jsonl").exists() and "Traceback" not in two.stdout
+
+
+def test_a_killed_rank_is_named_as_lost_not_as_a_timeout(tmp_path):
+    env, out = _env(tmp_path), tmp_path / "dead"
+    proc = subprocess.Popen([*TORCHRUN, *LAUNCH[:3], "smrc.py", *RUN, "--steps", "4", "--save-every", "1",
+                             "--output-dir", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    while not (out / "step_000001").exists():
+        assert proc.poll() is None and time.monotonic() - t0 < 600, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)
+    log = proc.communicate(timeout=300)[0]
+    lines = [x for x in log.splitlines() if x.startswith("error: rank 0 ")]
+    assert proc.returncode != 0 and len(lines) == 1, log[-3000:]
+    assert lines[0].startswith("error: rank 0 lost another rank in step 2: ") and "stalled" not in lines[0]
+    assert "waited more than" not in log and f"newest checkpoint {out / 'step_000001'}" in lines[0], lines
+    time.sleep(1)
+    assert not subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
