@@ -151,8 +151,8 @@ def test_a_stop_in_the_last_step_says_the_run_is_complete_and_2_ranks_may_not_re
 def test_a_killed_rank_is_named_as_lost_not_as_a_timeout(tmp_path):
     env, out = _env(tmp_path), tmp_path / "dead"
     proc = subprocess.Popen([*TORCHRUN, *LAUNCH[:3], "smrc.py", *RUN, "--steps", "4", "--save-every", "1",
-                             "--output-dir", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                             "--output-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     t0 = time.monotonic()
     while not (out / "step_000001").exists():
         assert proc.poll() is None and time.monotonic() - t0 < 600, proc.communicate()[0][-3000:]
