@@ -13,8 +13,10 @@ smrc.py reaches it through `started` (the run's context) and the `Lifecycle` it 
                    trackers (scale/monitor.py, run_logs.py, trackers.py), validation on the fixed panel with
                    the best weights kept (--eval-every), a checkpoint (--save-every, scale/checkpoint.py), and
                    the stop a signal asked for
-  a signal         SIGTERM / SIGINT: the step in flight ends, a checkpoint if it fits the grace period,
-                   then one line with the command that continues the run (scale/preempt.py)
+  a signal         SIGTERM / SIGINT: the step in flight ends, a checkpoint if it fits the grace period (the
+                   shorter of --preempt-grace-s and torchrun's shutdown timeout, said at the start), then one
+                   line with the command that continues the run, the same launch (scale/preempt.py,
+                   scale/launcher.py); a stop in the last step says the run is complete
   the end          trackers, watchdog and engine closed, one line naming the checkpoint and how to evaluate it
 """
 import dataclasses
@@ -59,8 +61,8 @@ def started(cfg, argv: list[str]):
         try:
             # the checkpoint to resume is verified before the config is recorded, with the initial weights'
             # sha256 (an embedded model is built then, by rank 0)
-            initial = lambda: initial_weights(cfg.model, resolve(cfg.model))  # noqa: E731
-            with open_run(cfg, world, initial) as (ckpt, resumed):
+            with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as opened:
+                ckpt, resumed = opened  # the checkpoint (None: from step 0); resumed(): its resumes row
                 seed_step(cfg.seed, 0, world.rank)
                 # first: the workers fork before any model or engine exists; sized for this rank's episodes
                 episodes = -(-cfg.rollout.tasks_per_step // world.world_size) * cfg.rollout.group_size

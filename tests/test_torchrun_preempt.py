@@ -163,5 +163,8 @@ def test_a_killed_rank_is_named_as_lost_not_as_a_timeout(tmp_path):
     assert proc.returncode != 0 and len(lines) == 1, log[-3000:]
     assert lines[0].startswith("error: rank 0 lost another rank in step 2: ") and "stalled" not in lines[0]
     assert "waited more than" not in log and f"newest checkpoint {out / 'step_000001'}" in lines[0], lines
+    # launched without --shutdown-timeout: torchrun's 30 s are shorter than --preempt-grace-s 60, said once
+    assert log.count("[smrc] torchrun kills the ranks 30 s after it passes on SIGTERM") == 1
+    assert "launch with torchrun --shutdown-timeout 60" in log
     time.sleep(1)
     assert not subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
