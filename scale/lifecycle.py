@@ -250,5 +250,6 @@ class Lifecycle:
         if newer and self.stop.fits(self.saved[1]):
             self.save(run, step)
         note = "" if not newer or self.saved[0] == step else \
-            f"; no checkpoint of step {step}: it would not fit --preempt-grace-s {self.cfg.preempt_grace_s:g}"
+            f"; no checkpoint of step {step}: it would not fit the {self.stop.grace_s:g} s grace " \
+            f"(--preempt-grace-s, or torchrun's --shutdown-timeout where shorter)"
         raise Preempted(self.stop.signum or signal.SIGTERM, step, self.saved[0] == step, note)
