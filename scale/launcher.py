@@ -30,12 +30,19 @@ def launcher_args() -> list[str] | None:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
     except (OSError, UnicodeDecodeError):
         return None
-    script = sys.argv[0]
-    at = next((i for i, a in enumerate(parent) if a == script), None)
+    return options_before(parent, sys.argv[0])
+
+
+def options_before(launcher: list[str], script: str) -> list[str] | None:
+    """The options of a torchrun command line `launcher` before `script`: after `python -m
+    torch.distributed.run`, or after `python .../bin/torchrun` (a script run by its interpreter), or after
+    `torchrun`; None when `script` is not on it."""
+    at = next((i for i, a in enumerate(launcher) if a == script), None)
     if at is None:
         return None
-    start = 3 if parent[1:3] == ["-m", "torch.distributed.run"] else 1  # python -m ... | torchrun
-    return parent[start:at]
+    if launcher[1:3] == ["-m", "torch.distributed.run"]:
+        return launcher[3:at]
+    return launcher[2:at] if len(launcher) > 1 and Path(launcher[1]).name == "torchrun" else launcher[1:at]
 
 
 def torchrun_options() -> list[str]:

@@ -64,3 +64,13 @@ def test_what_was_not_measured_prints_as_a_dash_never_nan():
     text = _sd_text(row)
     assert "nan" not in text.lower() and text.count("–") == 4 and "gap 0.500" in text
     assert "cand gain 0.250" in _sd_text({**row, "sd/candidate_gain": 0.25})
+
+
+@pytest.mark.parametrize("launcher", [
+    ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"],
+    ["/venv/bin/python3", "/venv/bin/torchrun", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"],
+    ["torchrun", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"]])
+def test_the_resume_command_keeps_torchrun_s_options_however_it_was_started(launcher):
+    from scale.launcher import options_before
+    assert options_before(launcher, "smrc.py") == ["--standalone", "--nproc_per_node", "2"]
+    assert options_before(launcher, "other.py") is None
