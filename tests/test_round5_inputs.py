@@ -67,7 +67,8 @@ def test_what_was_not_measured_prints_as_a_dash_never_nan():
 
 
 @pytest.mark.parametrize("launcher", [
-    ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"],
+    ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "smrc.py",
+     "-x"],
     ["/venv/bin/python3", "/venv/bin/torchrun", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"],
     ["torchrun", "--standalone", "--nproc_per_node", "2", "smrc.py", "-x"]])
 def test_the_resume_command_keeps_torchrun_s_options_however_it_was_started(launcher):
