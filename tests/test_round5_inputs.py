@@ -1,6 +1,7 @@
 """Inputs a new user brings (issue 64, items 5-7): an ALFWorld split assembled from symlinks to task folders
 loads every game (a link back up is no loop); a model folder that needs its own code is one `error:` line and
-trust_remote_code stays off; a number not measured prints as '–' on the progress line, never `nan`.
+trust_remote_code stays off; a number not measured prints as '–' on the progress line, never `nan`; the
+resume command keeps torchrun's own options however torchrun was started (issue 69).
 
 Run: pytest tests/test_round5_inputs.py -q
 """
