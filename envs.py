@@ -118,6 +118,10 @@ class EpisodeConfig:
     episode)"""
     step_timeout_s: float = 300.0
     """EnvPool: a reset/step batch taking longer than this is an error (never a hang)"""
+    max_error_share: float = 0.5
+    """an env call that raises (or answers no StepResult) loses its episode only (reward 0, kept in its GRPO
+    group as a failure); a step whose lost episodes, over every rank, exceed this share stops the run with one
+    line (environments/pool.py)"""
     planner_timeout_s: float = 60.0
     """planner expert: hard time limit per plan (the planner process is killed). The trainer plans a step's
     tasks in the background during the rollout, and the next step's meanwhile"""

@@ -68,7 +68,7 @@ class Episode:
     done: bool = False
     won: bool = False
     score: float = 0.0
-    stop_reason: str = ""     # won | env_done | max_steps | prompt_too_long
+    stop_reason: str = ""     # won | env_done | max_steps | prompt_too_long | env_error (a lost episode)
     result: envs.StepResult | None = None  # the env's latest answer
 
     @property
@@ -92,7 +92,8 @@ def observe(ep: Episode, res: envs.StepResult, first: bool, action: str = "") ->
     ep.won, ep.score = res.won, res.score
     if res.done:
         ep.done = True
-        ep.stop_reason = "won" if res.won else ("max_steps" if res.info.get("truncated") else "env_done")
+        ep.stop_reason = "won" if res.won else ("env_error" if "env_error" in res.info else
+                                                ("max_steps" if res.info.get("truncated") else "env_done"))
 
 
 def advance(ep: Episode, turn: Turn, res: envs.StepResult) -> None:

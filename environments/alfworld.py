@@ -104,6 +104,20 @@ def _json_object(path: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def walk_following_links(root: str) -> list[tuple[str, list[str]]]:
+    """(folder, file names) under `root`, sorted, following symlinked folders (a split assembled from links
+    to task folders), each real folder once (a link back up is not a loop)."""
+    out, seen = [], set()
+    for dirpath, dirnames, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        out.append((dirpath, files))
+    return sorted(out)
+
+
 def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
     """ALFWorld's own filter (AlfredTWEnv.collect_game_files): traj_data.json + game.tw-pddl present, json
     'solvable' true, no 'movable'/'Sliced' in the path, task type kept. Sorted by path (pinned order)."""
@@ -120,7 +134,7 @@ def _official_tasks(cfg: AlfworldConfig, split: str) -> list[Task]:
                         f"(ALFWORLD_DATA={data_dir}). {hint}")
     tasks, skipped = [], {"movable_or_sliced": 0, "task_type": 0, "no_game_file": 0, "unsolvable": 0}
     damaged = []  # files that are not the JSON object they should be: skipped, counted and named
-    for dirpath, _, files in sorted(os.walk(root)):
+    for dirpath, files in walk_following_links(root):
         if "traj_data.json" not in files:
             continue
         if "movable" in dirpath or "Sliced" in dirpath:

@@ -7,9 +7,11 @@
   script, torch included, in every worker), each holding env instances keyed by
   slot (slot s lives on worker s % num_workers, so a slot keeps its loaded games). `reset(slots, tasks)`
   blocks; `step_async(slots, actions)` sends and returns at once, `step_wait()` collects, so the trainer can
-  generate for other rows meanwhile. An env exception is re-raised as `envs.EnvError` naming the task and the
-  action (the worker survives); a dead or silent worker (past cfg.step_timeout_s of the trainer's running
-  time: a job suspended and continued goes on) is an `EnvError` too, and the pool is then closed.
+  generate for other rows meanwhile. An env call that raises (or answers no `StepResult`) ends that episode
+  only: its answer is a lost episode's end (`info['env_error']`), counted as env/errors, the first printed
+  with the environment's traceback and the task (the worker survives; the slot's env is rebuilt). A dead or
+  silent worker (past cfg.step_timeout_s of the trainer's running time: a job suspended and continued goes
+  on) is replaced and its episodes replayed; after MAX_RESTARTS in a row, an `EnvError` (the pool closed).
   num_workers=0 runs the envs in-process (same results, no overlap); -1 (the default) sizes the pool from the
   cores and the episodes stepped at a time (`auto_workers`).
   `pool.stats` counts the seconds the caller spent blocked on envs (`reset_s`, `step_wait_s`) and the seconds
@@ -21,10 +23,12 @@
 import ctypes
 import multiprocessing as mp
 import os
+import re
 import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import envs
 from envs import EnvError, StepResult, Task
@@ -62,22 +66,47 @@ def _worker(conn, cfg, parent_pid: int, inherited: list) -> None:
             break
         if cmd == "close":
             break
-        t0, out = time.perf_counter(), []
-        for slot, arg in items:
-            try:
-                env = slots.get(slot) or slots.setdefault(slot, envs.make_env(cfg))
-                out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
-            except Exception:
-                reply = ("err", (slot, traceback.format_exc()), time.perf_counter() - t0)
-                break
-        else:
-            reply = ("ok", out, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = [call(slots, slot, cmd, arg, cfg) for slot, arg in items]
         try:
-            conn.send(reply)
+            conn.send(("ok", out, time.perf_counter() - t0))
         except PARENT_GONE:
             break
     for env in slots.values():
         env.close()
+
+
+class EnvFailure(str):
+    """What an env call that raised (or answered something that is not a `StepResult` with a string
+    observation) gives back instead of a result: the environment's own traceback."""
+
+
+def call(slots: dict, slot: int, cmd: str, arg, cfg) -> StepResult | EnvFailure:
+    """reset(arg) or step(arg) on the slot's env (built on first use); a failure is an `EnvFailure` and the
+    env is dropped (closed if it can be), so the slot's next reset builds a fresh one."""
+    try:
+        env = slots.get(slot) or slots.setdefault(slot, envs.make_env(cfg))
+        result = env.reset(arg) if cmd == "reset" else env.step(arg)
+        if not isinstance(result, StepResult) or not isinstance(result.observation, str) \
+                or not isinstance(result.info, dict):
+            raise EnvError(f"{cmd} answered {type(result).__name__} {str(result)[:200]!r}, not an "
+                           f"envs.StepResult with a str observation and a dict info")
+        return result
+    except Exception:
+        failure = EnvFailure(traceback.format_exc())
+    try:
+        getattr(slots.pop(slot, None), "close", lambda: None)()
+    except Exception:  # a broken env may fail to close too: it is dropped all the same
+        pass
+    return failure
+
+
+def failure_site(tb: str) -> str:
+    """Where a traceback ends: 'file.py, line N: ExceptionType: message' (its innermost frame, its last
+    line)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', tb)
+    last = (tb.strip().splitlines() or ["?"])[-1][:200]
+    return f"{Path(frames[-1][0]).name}, line {frames[-1][1]}: {last}" if frames else last
 
 
 def auto_workers(episodes: int | None = None) -> int:
@@ -117,7 +146,9 @@ class EnvPool:
         self.num_workers = auto_workers(episodes) if n < 0 else n
         self.timeout_s = cfg.step_timeout_s
         self.stats = {"resets": 0, "steps": 0, "reset_s": 0.0, "step_wait_s": 0.0, "worker_s": 0.0}
-        self.crashes = {"env/worker_restarts": 0, "env/episodes_replayed": 0}  # taken by `take_crashes`
+        # taken by `take_crashes`; env/errors: env calls that raised (each ends its episode, `_checked`)
+        self.crashes = {"env/worker_restarts": 0, "env/episodes_replayed": 0, "env/errors": 0}
+        self.last_error, self._told = "", False  # where the newest env error was raised; the first printed
         self._tasks: dict[int, Task] = {}
         self._history: dict[int, list[str]] = {}  # each slot's actions since its reset: what a replay replays
         self._pending = None  # the (slots, actions) step_async sent, not yet collected by step_wait
@@ -163,7 +194,8 @@ class EnvPool:
         for s in replayed:
             for replay_cmd, arg in [("reset", self._tasks[s]), *(("step", a) for a in self._history[s])]:
                 self._conns[w].send((replay_cmd, [(s, arg)]))
-                if not poll_running(self._conns[w], self.timeout_s)[0] or self._conns[w].recv()[0] != "ok":
+                if not poll_running(self._conns[w], self.timeout_s)[0] or \
+                        isinstance(self._conns[w].recv()[1][0], EnvFailure):
                     self.close(force=True)
                     raise EnvError(f"env worker {w} failed ({error!r}) and its replacement could not replay "
                                    f"slot {s} (task {self._tasks[s].task_id}, game {self._tasks[s].source})")
@@ -172,7 +204,7 @@ class EnvPool:
         self._conns[w].send((cmd, items))
 
     def take_crashes(self) -> dict[str, int]:
-        """The worker restarts and replayed episodes since the last call."""
+        """The worker restarts, replayed episodes and env errors since the last call."""
         out, self.crashes = self.crashes, dict.fromkeys(self.crashes, 0)
         return out
 
@@ -198,15 +230,11 @@ class EnvPool:
 
     def _collect(self, slots: list[int]) -> list[StepResult]:
         cmd, per_worker = self._sent
-        results, errors = {}, []
+        results = {}
         if not self.num_workers:  # in-process: the work happens here
             t0 = time.perf_counter()
             for slot, arg in per_worker.get(0, []):
-                env = self._local.get(slot) or self._local.setdefault(slot, envs.make_env(self.cfg))
-                try:
-                    results[slot] = env.reset(arg) if cmd == "reset" else env.step(arg)
-                except Exception as e:
-                    raise EnvError(f"env {cmd} failed on {self._describe(slot, cmd, arg)}: {e!r}") from e
+                results[slot] = self._checked(slot, cmd, arg, call(self._local, slot, cmd, arg, self.cfg))
             self.stats["worker_s"] += time.perf_counter() - t0
             return [results[s] for s in slots]
         left = self.timeout_s  # shared by the workers: all answers within timeout_s of running time
@@ -216,21 +244,33 @@ class EnvPool:
                     answered, left = poll_running(self._conns[w], left)
                     if not answered:
                         raise TimeoutError(f"no answer within {self.timeout_s:.0f} s (cfg.step_timeout_s)")
-                    status, payload, seconds = self._conns[w].recv()
+                    _, payload, seconds = self._conns[w].recv()
                     break
                 except (EOFError, OSError, TimeoutError) as e:  # dead or silent: a new worker replays
                     self._restart(w, cmd, items, e)
                     left = self.timeout_s
             self._in_a_row = 0
             self.stats["worker_s"] += seconds
-            if status == "err":
-                slot, tb = payload
-                errors.append(f"env {cmd} failed on {self._describe(slot, cmd, dict(items)[slot])}:\n{tb}")
-            else:
-                results.update((slot, r) for (slot, _), r in zip(items, payload))
-        if errors:
-            raise EnvError("\n".join(errors))
+            results.update((slot, self._checked(slot, cmd, arg, r)) for (slot, arg), r in zip(items, payload))
         return [results[s] for s in slots]
+
+    def _checked(self, slot: int, cmd: str, arg, result: StepResult | EnvFailure) -> StepResult:
+        """The env's answer, or for a call that failed the end of a lost episode: done, not won, reward 0,
+        info['env_error'] naming where the environment raised. Counted (env/errors); the first one is printed
+        with the environment's traceback and the task, later ones are counted only."""
+        if not isinstance(result, EnvFailure):
+            return result
+        where = failure_site(result)
+        self.crashes["env/errors"] += 1
+        self.last_error = f"{where}, on {self._describe(slot, cmd, arg)}"
+        if not self._told:
+            self._told = True
+            print(f"[envs] the environment raised on {self._describe(slot, cmd, arg)}; that episode ends as "
+                  f"lost (reward 0, kept in its GRPO group) and the run goes on; env/errors counts them, "
+                  f"only this first one is printed:\n{result.rstrip()}", flush=True)
+        task = self._tasks.get(slot)
+        return StepResult("", [], 0.0, True, False, 0.0, "", (),
+                          {"env_error": where, "task": task.task_id if task else ""})
 
     def reset(self, slots: list[int], tasks: list[Task]) -> list[StepResult]:
         assert self._pending is None, "reset() while a step_async() is pending; call step_wait() first"

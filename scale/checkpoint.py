@@ -23,7 +23,8 @@ What a run can rely on:
 6. Guard counters (the non-finite streak) are part of the trainer state, so a resume continues them (a
    checkpoint written before they were saved restores 0).
 7. A resume never overwrites the run's config.json: the flags that differ from the resumed checkpoint's are
-   appended to config.resumes.jsonl (`record_config`).
+   appended to config.resumes.jsonl (`record_config`), once the resume has started (`record_resume`).
+8. A resume runs on as many ranks as the run before it (`saved_world_size`; else one error line naming both).
 """
 
 import dataclasses
@@ -86,7 +87,7 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
         problem = nonfinite(weights, optim)
         if problem is None:
             state = {"step": step, "optimizer": optim, "bank": bank.state_dict(), "rng": rng_state(),
-                     "guards": dict(guards or {})}
+                     "guards": dict(guards or {}), "world_size": world.world_size}
             problem = write_folder(tmp, lambda: _write_files(tmp, model, weights, tokenizer, state, cfg))
         if problem is not None:
             latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else ""
@@ -287,11 +288,11 @@ def initial_weights(name: str, path: str) -> dict:
 
 
 def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None,
-                  note: dict | None = None) -> None:
+                  note: dict | None = None) -> dict | None:
     """After preflight and the resume checks: a new run (or a resume that found no checkpoint) writes
     config.json (its flags, what they resolved to, and `init`: the weights it starts from, initial_weights).
-    A resume never overwrites it: the flags that differ from the resumed checkpoint's smrc_config.json are
-    appended to config.resumes.jsonl, one row per resume."""
+    A resume never overwrites it: the flags that differ from the resumed checkpoint's smrc_config.json make
+    the resume's row, returned for `record_resume` (config.resumes.jsonl, one row per resume that started)."""
     values = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as JSON lists, as saved configs hold
     dump = json.dumps({**values, "resolved": {**cfg.resolved(), "initial_weights": init}}, indent=1)
     print(dump, flush=True)
@@ -306,10 +307,25 @@ def record_config(out: Path, cfg, ckpt: Path | None, init: dict | None = None,
     changed = {k: [saved.get(k), v] for k, v in _flat(values).items()
                if saved.get(k) != v and k not in ("resume", "resume_from")}
     check_same_run(changed, step_of(ckpt), cfg.steps, bool(saved))
-    row = {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed, **(note or {})}
+    return {"step": step_of(ckpt), "checkpoint": str(ckpt), "changed": changed, **(note or {})}
+
+
+def record_resume(out: Path, row: dict) -> None:
+    """A resume's row (`record_config`), appended to config.resumes.jsonl once the resume has started (its
+    trainer state restored), so a resume that failed leaves no row."""
     append_line(out / RESUMES, json.dumps(row))
-    print(f"[resume] from {ckpt}; {len(changed)} flags differ from its config (recorded in {out / RESUMES}, "
-          f"config.json unchanged): {sorted(changed)}", flush=True)
+    changed = sorted(row["changed"])
+    print(f"[resume] from {row['checkpoint']}; {len(changed)} flags differ from its config (recorded in "
+          f"{out / RESUMES}, config.json unchanged): {changed}", flush=True)
+
+
+def saved_world_size(ckpt: Path) -> int | None:
+    """The number of ranks that trained up to `ckpt` (None: a checkpoint written before it was saved). The
+    trainer state is memory-mapped, so its tensors are not read."""
+    try:
+        return torch.load(ckpt / "trainer_state.pt", weights_only=True, mmap=True).get("world_size")
+    except Exception:  # a damaged file is named by load_trainer_state, which every resume runs
+        return None
 
 
 RUN_IDENTITY = ("env", "model", "algo", "grpo.sd_loss")  # what a resume may not change: another run's

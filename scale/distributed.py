@@ -225,6 +225,12 @@ def collective_failed(e: BaseException) -> bool:
                                             or any(k in str(e) for k in signs))
 
 
+def peer_lost(e: BaseException) -> bool:
+    """Whether a failed collective lost its peer (gloo: the connection closed or reset) rather than timed
+    out."""
+    return any(k in str(e) for k in ("Connection closed by peer", "Connection reset", "Broken pipe"))
+
+
 class OneErrorLine:
     """Around a run under torchrun: an `error:` line once, and a collective that gave up as one line (module
     docstring). `world` is set once the process group exists; `newest()` names the newest checkpoint."""
@@ -241,9 +247,11 @@ class OneErrorLine:
         w = self.world
         if w is not None and w.enabled and e is not None and collective_failed(e):
             cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise RankError(f"error: rank {rank} waited more than {w.timeout_s:g} s (--dist.timeout-s) for "
-                            f"another rank in {w.phase}, or lost it: a rank stalled or died ({cause}); "
-                            f"newest checkpoint {self.newest()}; continue with --resume") from None
+            what = (f"lost another rank in {w.phase}: its connection closed, so that rank died or was killed"
+                    if peer_lost(e) else f"waited more than {w.timeout_s:g} s (--dist.timeout-s) for another "
+                    f"rank in {w.phase}: a rank stalled")
+            raise RankError(f"error: rank {rank} {what} ({cause}); newest checkpoint {self.newest()}; "
+                            f"continue with --resume") from None
         quiet = isinstance(e, SystemExit) and not isinstance(e, RankError) and isinstance(e.code, str)
         if rank == 0 or not quiet:
             return False

@@ -13,12 +13,13 @@ smrc.py reaches it through `started` (the run's context) and the `Lifecycle` it 
                    trackers (scale/monitor.py, run_logs.py, trackers.py), validation on the fixed panel with
                    the best weights kept (--eval-every), a checkpoint (--save-every, scale/checkpoint.py), and
                    the stop a signal asked for
-  a signal         SIGTERM / SIGINT: the step in flight ends, a checkpoint if it fits the grace period,
-                   then one line with the command that continues the run (scale/preempt.py)
+  a signal         SIGTERM / SIGINT: the step in flight ends, a checkpoint if it fits the grace period (the
+                   shorter of --preempt-grace-s and torchrun's shutdown timeout, said at the start), then one
+                   line with the command that continues the run, the same launch (scale/preempt.py,
+                   scale/launcher.py); a stop in the last step says the run is complete
   the end          trackers, watchdog and engine closed, one line naming the checkpoint and how to evaluate it
 """
 import dataclasses
-import shlex
 import signal
 import sys
 import time
@@ -34,11 +35,13 @@ from scale import distributed
 from scale.checkpoint import (initial_weights, latest_checkpoint, load_trainer_state, save_checkpoint,
                               set_aside_newer)
 from scale.distributed import print0
+from scale.launcher import resume_command, torchrun_grace_s
 from scale.memory import Memory, return_freed_memory
 from scale.memory_plan import check_fits
 from scale.monitor import Validation, log_step, save_best, validate
 from scale.preempt import Preempted, StopSignals
-from scale.preflight import check_inputs, check_world, open_run, validate_config
+from scale.preflight import check_inputs, check_world, validate_config
+from scale.run_folder import open_run
 from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
 from scale.seeds import seed_step
@@ -60,21 +63,21 @@ def started(cfg, argv: list[str]):
         try:
             # the checkpoint to resume is verified before the config is recorded, with the initial weights'
             # sha256 (an embedded model is built then, by rank 0)
-            with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as ckpt:
+            with open_run(cfg, world, lambda: initial_weights(cfg.model, resolve(cfg.model))) as opened:
+                ckpt, resumed = opened  # the checkpoint (None: from step 0); resumed(): its resumes row
                 seed_step(cfg.seed, 0, world.rank)
                 # first: the workers fork before any model or engine exists; sized for this rank's episodes
                 episodes = -(-cfg.rollout.tasks_per_step // world.world_size) * cfg.rollout.group_size
                 pool = EnvPool(cfg.env_cfg, episodes=episodes)
                 try:
-                    yield Lifecycle(cfg, world, pool, tasks, ckpt)
+                    yield Lifecycle(cfg, world, pool, tasks, ckpt, resumed)
                 finally:
                     pool.close()
                     distributed.close(world)
         except Preempted as p:  # the lock is released and the workers are gone: say where the run stands
-            args = [a for a in argv if a != "--resume"]
             name, newest = signal.Signals(p.signum).name, latest_checkpoint(Path(cfg.output_dir))
             print0(world, f"[smrc] stopped by {name} after step {p.step}{p.note}; newest checkpoint "
-                          f"{newest}; continue with: python smrc.py {shlex.join(args)} --resume")
+                          f"{newest}; continue with: {resume_command(argv)}")
             sys.exit(128 + p.signum)
 
 
@@ -83,8 +86,8 @@ class Lifecycle:
     the train tasks, the checkpoint it resumed from (`ckpt`) and the step to start at, the guard counter a
     checkpoint saves, the memory watchdog, the trackers, the validation panel and the newest save."""
 
-    def __init__(self, cfg, world, pool, tasks: tuple[list, list], ckpt: Path | None):
-        self.cfg, self.world, self.pool, self.ckpt = cfg, world, pool, ckpt
+    def __init__(self, cfg, world, pool, tasks: tuple[list, list], ckpt: Path | None, resumed=lambda: None):
+        self.cfg, self.world, self.pool, self.ckpt, self.resumed = cfg, world, pool, ckpt, resumed
         self.train_tasks, panel = tasks
         self.out = Path(cfg.output_dir)
         self.start = 0
@@ -117,6 +120,7 @@ class Lifecycle:
         self.nonfinite = guards["nonfinite_streak"]
         if self.world.is_main:
             with stop_on_io_error(self.out):
+                self.resumed()  # the resume has started: its row in config.resumes.jsonl (rank 0)
                 set_aside_newer(self.out, self.start)
                 trim_logs(self.out, self.start)
         cfg = self.cfg  # a resume keeps the config the run started with
@@ -142,7 +146,7 @@ class Lifecycle:
         self.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
         self.saved = (self.start, 0.0)
         try:
-            with StopSignals(self.cfg.preempt_grace_s) as self.stop:  # SIGTERM / SIGINT: stop between steps
+            with StopSignals(self.grace_s()) as self.stop:  # SIGTERM / SIGINT: stop between steps
                 yield
         finally:
             self.stop = None
@@ -155,8 +159,21 @@ class Lifecycle:
         print0(self.world, f"[smrc] done: checkpoint {final}, metrics {self.out / 'metrics.jsonl'}; evaluate "
                            f"it with: python evaluate.py eval --checkpoint {final} --split eval --k 4")
 
+    def grace_s(self) -> float:
+        """The seconds a stop signal leaves: --preempt-grace-s, or torchrun's shutdown timeout where that is
+        shorter (its agent SIGKILLs the ranks then; said once, with the option that lengthens it)."""
+        ours, torchrun = self.cfg.preempt_grace_s, torchrun_grace_s()
+        if torchrun is None or torchrun >= ours:
+            return ours
+        print0(self.world, f"[smrc] torchrun kills the ranks {torchrun:g} s after it passes on SIGTERM (its "
+                           f"--shutdown-timeout), before --preempt-grace-s {ours:g}: a step still in flight "
+                           f"then is lost on preemption; launch with torchrun --shutdown-timeout {ours:g}")
+        return torchrun
+
     def nothing_to_train(self, step: int, episodes: list, counters: dict) -> None:
-        """No rank has a turn because every prompt was over --rollout.max-prompt-tokens: one error line."""
+        """No rank has a turn because every prompt was over --rollout.max-prompt-tokens, or more of the step's
+        episodes than the environment's max_error_share were lost to env errors: one error line."""
+        self.too_many_env_errors(step, episodes)
         turns = sum(len(e.turns) for e in episodes)
         if self.world.all_max(turns) == 0 and self.world.all_max(counters["prompt_too_long"]):  # all decide
             n = int(self.world.all_sum(len(episodes)))
@@ -164,6 +181,22 @@ class Lifecycle:
                              f"error: --rollout.max-prompt-tokens {self.cfg.rollout.max_prompt_tokens} fits "
                              f"no prompt: all {n} episodes of step {step + 1} ended before their first turn, "
                              f"so there is nothing to train on; raise it")
+
+    def too_many_env_errors(self, step: int, episodes: list) -> None:
+        """Every rank's episodes lost to an env error (environments/pool.py): past the environment's
+        max_error_share of the step's episodes, the run stops with one line naming the environment, where its
+        newest error was raised and the newest checkpoint (every rank takes the same decision)."""
+        lost = self.world.all_sum(sum(e.stop_reason == "env_error" for e in episodes))
+        n, share = self.world.all_sum(len(episodes)), self.cfg.env_cfg.max_error_share
+        if not lost or lost <= share * n:
+            return
+        where = [w for w in self.world.gather(self.pool.last_error) if w]
+        flag = f"--{self.cfg.env if self.cfg.env in ('alfworld', 'webshop', 'textworld') else 'external'}"
+        raise SystemExit(1 if not self.world.is_main else  # rank 0 says it
+                         f"error: --env {self.cfg.env}: {int(lost)} of {int(n)} episodes of step {step + 1} "
+                         f"ended on an environment error, more than {flag}.max-error-share {share:g}; the "
+                         f"newest: {where[-1] if where else '?'}; newest checkpoint "
+                         f"{latest_checkpoint(self.out)}")
 
     def end_step(self, run, step: int, record: StepRecord) -> None:
         """After step `step` (1-based) of the method: its record, validation and a checkpoint when due, and
@@ -211,9 +244,14 @@ class Lifecycle:
     def stop_after(self, run, step: int) -> None:
         """The stop a signal asked for, after `step`: a checkpoint of it if the newest is older and the save
         (timed as the last one) fits the grace period; then Preempted, which `started` reports."""
+        if step >= self.cfg.steps:  # the last step is saved: nothing is left to continue
+            name = signal.Signals(self.stop.signum or signal.SIGTERM).name
+            print0(self.world, f"[smrc] {name} came during the last step ({step}): the run is complete")
+            return
         newer = self.saved[0] < step
         if newer and self.stop.fits(self.saved[1]):
             self.save(run, step)
         note = "" if not newer or self.saved[0] == step else \
-            f"; no checkpoint of step {step}: it would not fit --preempt-grace-s {self.cfg.preempt_grace_s:g}"
+            f"; no checkpoint of step {step}: it would not fit the {self.stop.grace_s:g} s grace " \
+            f"(--preempt-grace-s, or torchrun's --shutdown-timeout where shorter)"
         raise Preempted(self.stop.signum or signal.SIGTERM, step, self.saved[0] == step, note)

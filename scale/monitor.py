@@ -89,7 +89,7 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
     append_line(out / "metrics.jsonl", json.dumps(m))
     print(f"step {step}/{steps} | success {m['rollout/success_rate']:.3f} | "
           f"reward {m['rollout/reward']:.2f} | "
-          f"valid {m['rollout/valid_action_ratio']:.2f} | match {m['router/match_rate']:.2f} | "
+          f"valid {measured(m, 'rollout/valid_action_ratio')} | match {m['router/match_rate']:.2f} | "
           f"{_sd_text(m)} | {dt:.1f}s "
           f"(env {m['time/env_share']:.0%})"
           + (f" | peak mem {max(v for k, v in m.items() if k.startswith('mem/')):.1f} GiB"
@@ -102,15 +102,22 @@ def log_step(out: Path, step: int, steps: int, everyone: list[dict], actor: dict
 
 def _sd_text(m: dict) -> str:
     """The SD part of the progress line: 'no turn distilled' on a step without an SD term (GRPO, or no
-    reference yet); the SD/GRPO gradient ratio printed as '–' where it was not measured (NaN: no GRPO signal,
-    every group all-fail or all-win; the measurement off, or under FSDP), one rendering everywhere."""
+    reference yet); a number not measured prints as '–' (NaN or absent: the SD/GRPO gradient ratio without a
+    GRPO signal, the measurement off or under FSDP; the candidate gain with the diagnostic off or auto-off
+    above 100M parameters; a share over no candidate turn), one rendering everywhere."""
     if not m["sd/distilled_turns"]:
         return "no turn distilled"
-    ratio = m.get("actor/sd_grpo_grad_ratio", math.nan)
-    return (f"gap {m['sd/teacher_minus_student_logp']:.3f} | KL/turn {m['sd/kl_per_turn']:.2f} | "
-            f"cand share {m['sd/candidate_sampled_share']:.2f} | "
-            f"cand gain {m.get('sd/candidate_gain', math.nan):.3f} | "
-            f"grad sd/grpo {f'{ratio:.3f}' if math.isfinite(ratio) else '–'}")
+    return (f"gap {measured(m, 'sd/teacher_minus_student_logp', 3)} | "
+            f"KL/turn {measured(m, 'sd/kl_per_turn')} | "
+            f"cand share {measured(m, 'sd/candidate_sampled_share')} | "
+            f"cand gain {measured(m, 'sd/candidate_gain', 3)} | "
+            f"grad sd/grpo {measured(m, 'actor/sd_grpo_grad_ratio', 3)}")
+
+
+def measured(m: dict, key: str, digits: int = 2) -> str:
+    """m[key] with `digits` decimals, or '–' where it was not measured (absent, or NaN)."""
+    v = m.get(key, math.nan)
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
 
 
 def sd_diagnostics(everyone: list[dict]) -> dict:

@@ -10,20 +10,14 @@ line naming the flag (or file) and what it allows. Every flag that reaches a lib
 - `check_inputs(cfg)`: the settings that fit together only in pairs, the data (train split, validation panel)
   and the model exist; returns the tasks. `check_world(cfg, world)`: what depends on the ranks.
 - `validate_eval_args(args)`, `check_split(cfg, split)`: evaluate.py's numbers and split.
-- `open_run(cfg, world)`: the output folder for the run's life: locked (`lock_run`: a second run into it is
-  refused naming the holder's PID; the kernel drops the lock of a dead run), prepared (`prepare_output_dir`: a
-  fresh run refuses a folder that holds checkpoints; stale `.tmp_step_*` folders are removed), the resumed
-  checkpoint verified, and only then the config recorded (scale/checkpoint.record_config).
+- `check_native(config, what)`: a model that needs its own code (trust_remote_code) is one error line.
+The output folder for the run's life (`open_run`, `lock_run`, `prepare_output_dir`) is scale/run_folder.py.
 """
 
-import fcntl
 import json
 import math
-import os
 import re
-import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,9 +28,8 @@ from embedded.warmstart import RECIPES, TINY
 from environments import external
 from environments.alfworld import OFFICIAL_SPLITS, TASK_TYPES
 from environments.alfworld_games import SPLITS as GENERATED_SPLITS
-from scale.checkpoint import CHECKSUMS, checkpoints, intact_hint, record_config, resume_checkpoint, verify
-
-LOCK = "run.lock"
+from scale.checkpoint import CHECKSUMS, intact_hint, verify
+from scale.run_folder import lock_run, open_run, prepare_output_dir  # noqa: F401  (their old home)
 # AdamW's first step moves a weight by lr / (1 - beta1) = 10·lr (beta1 = 0.9, torch's default, used here), a
 # scalar of the weights' dtype (float32): from lr ≈ 3.4e37 on it overflows (a RuntimeError in the optimizer)
 LR_MAX = 1e37
@@ -245,9 +238,30 @@ def check_model(name: str, flag: str) -> None:
     from transformers import AutoConfig
     try:
         AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise SystemExit(custom_code(f"{flag} {name}", "")) from None
         raise SystemExit(f"error: {flag} {name} is neither a model folder nor a hub id found here "
                          f"({str(e).strip().splitlines()[0]})") from None
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {name} is neither a model folder nor a hub id found here "
+                         f"({str(e).strip().splitlines()[0]})") from None
+
+
+def check_native(config: dict, what: str) -> None:
+    """A model whose architecture transformers does not ship (config.json's `auto_map` names code in the
+    folder or on the hub) is one error line: the trainer never runs a model's own code."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING:
+        raise SystemExit(custom_code(what, f" (model_type {config.get('model_type')!r}, auto_map "
+                                           f"{sorted(config['auto_map'])})"))
+
+
+def custom_code(what: str, detail: str) -> str:
+    return (f"error: {what} needs its own Python code to load{detail}, which transformers runs only with "
+            f"trust_remote_code: code from the model's folder or repository would run with this run's "
+            f"rights. The trainer never turns it on; use a model whose architecture transformers ships "
+            f"(Qwen3, Llama, ...) or convert this one to it")
 
 
 def check_model_dir(path: Path, flag: str) -> bool:
@@ -261,10 +275,11 @@ def check_model_dir(path: Path, flag: str) -> bool:
             raise SystemExit(f"error: {flag} {path} fails verification: {problem}; {hint}")
         return True
     try:
-        json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         said = (str(e).splitlines() or [type(e).__name__])[0]
         raise SystemExit(f"error: {flag} {path}: no readable config.json ({said})") from None
+    check_native(config if isinstance(config, dict) else {}, f"{flag} {path}")
     if not any((path / t).is_file() for t in ("tokenizer.json", "tokenizer_config.json")):
         raise SystemExit(f"error: {flag} {path} holds no tokenizer (tokenizer.json or tokenizer_config.json)")
     if not any((path / w).is_file() for w in WEIGHT_FILES):
@@ -278,147 +293,3 @@ def check_model_dir(path: Path, flag: str) -> bool:
             raise SystemExit(f"error: {flag} {path}: {weights} is damaged or truncated "
                              f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
     return False
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The output folder
-
-
-@contextmanager
-def open_run(cfg, world, describe_init=lambda: None):
-    """The output folder for the run's life: locked and prepared (rank 0), the checkpoint to resume verified
-    (every rank), then the config recorded with `describe_init()`, the weights the run starts from (rank 0).
-    Yields the verified checkpoint (None: a run from step 0)."""
-    out = Path(cfg.output_dir)
-    lock = lock_run(out) if world.is_main else None
-    try:
-        if world.is_main:
-            prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
-        ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None
-        if world.is_main:
-            init = describe_init()
-            note = check_resume_record(out, cfg, ckpt, init) if ckpt is not None else None
-            record_config(out, cfg, ckpt, init, note)
-        yield ckpt
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def check_resume_record(out: Path, cfg, ckpt: Path, init: dict) -> dict:
-    """On --resume, before the initial model becomes the KL reference again: the run's record holds.
-    - config.json missing or unparsable: one line; it is rewritten from the checkpoint's own smrc_config.json
-      (the run's flags) with what they resolve to now, the damaged file kept beside it (chosen over refusing:
-      the checkpoint holds the whole config, only the initial-weights record is lost, and the line says so).
-    - the initial weights' sha256 differ from config.json's `resolved.initial_weights`: one error line naming
-      the model and both hashes, unless --accept-new-initial-weights (then recorded in config.resumes.jsonl).
-    Returns what goes into the resume's row of config.resumes.jsonl."""
-    path = out / "config.json"
-    try:
-        recorded = json.loads(path.read_text())
-        assert isinstance(recorded, dict) and isinstance(recorded.get("resolved", {}), dict)
-    except (OSError, ValueError, AssertionError) as e:
-        saved = json.loads((ckpt / "smrc_config.json").read_text())
-        damaged = path.with_name("config.json.damaged")
-        if path.exists():
-            os.replace(path, damaged)
-        record = {**saved, "resolved": {**cfg.resolved(), "initial_weights": init}}
-        path.write_text(json.dumps(record, indent=1))
-        print(f"[resume] {path} was {'missing' if isinstance(e, OSError) else 'not a run record'} "
-              f"({type(e).__name__}); rewritten from {ckpt / 'smrc_config.json'}"
-              + (f", the damaged one kept as {damaged}" if damaged.exists() else "")
-              + "; the initial weights' record is lost, so the KL reference is not checked against it",
-              flush=True)
-        return {"config_json": f"restored from {ckpt / 'smrc_config.json'}"}
-    if cfg.grpo.kl_coef <= 0:
-        print("[resume] --grpo.kl-coef 0: no KL reference is loaded, so the initial weights are not checked "
-              "against config.json's record", flush=True)
-        return {}
-    was = (recorded.get("resolved") or {}).get("initial_weights") or {}
-    if was.get("model") != cfg.model:  # another model: check_same_run refuses that resume, naming the flag
-        return {}
-    before, now = was.get("sha256") or {}, init.get("sha256") or {}
-    if not before or not now or before == now:
-        return {}
-    said = "; ".join(f"{f}: {before.get(f, 'none')[:16]} -> {now.get(f, 'none')[:16]}"
-                     for f in sorted(set(before) | set(now)) if before.get(f) != now.get(f))
-    if not cfg.accept_new_initial_weights:
-        raise SystemExit(f"error: --resume would anchor the KL term to other weights: --model {cfg.model} "
-                         f"({init.get('path')}) is not what this run started from (sha256 {said}); restore "
-                         f"those weights, or accept these knowingly with --accept-new-initial-weights")
-    print(f"[resume] the KL reference is --model {cfg.model} as it is now (sha256 {said}): accepted with "
-          f"--accept-new-initial-weights, recorded in config.resumes.jsonl", flush=True)
-    return {"initial_weights_accepted": {"recorded": before, "now": now}}
-
-
-class RunLock:
-    """An exclusive flock on out/run.lock (the file holds the holder's PID) until `release`, which removes the
-    file while still holding the lock (a run that takes it meanwhile sees the file gone and retries,
-    `lock_run`)."""
-
-    def __init__(self, path: Path, file):
-        self.path, self.file = path, file
-
-    def release(self) -> None:
-        if not self.file.closed:
-            self.path.unlink(missing_ok=True)
-            self.file.close()  # drops the flock
-
-
-def lock_run(out: Path) -> RunLock:
-    """The run lock of `out`, held for the run's life. A second run into the folder is refused naming the
-    holder's PID; the kernel drops the lock when its holder dies (SIGKILL included), so a dead run's stale
-    file blocks nothing (a later run or --resume takes it)."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file; it must be a folder (new or existing)")
-    path = out / LOCK
-    while True:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            f = open(path, "a+")
-        except OSError as e:
-            raise SystemExit(f"error: --output-dir {out} is not writable ({e.strerror or e})") from None
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise SystemExit(f"error: --output-dir {out} is in use by another run (PID {holder} holds "
-                             f"{path}); wait for it to end, or start this run in a new --output-dir"
-                             ) from None
-        try:
-            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        f.close()  # the holder released (and removed) the file after we opened it: lock the current one
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return RunLock(path, f)
-
-
-def prepare_output_dir(out: Path, fresh: bool) -> None:
-    """Before any heavy work (rank 0): the folder exists and takes a file; a fresh run refuses a folder
-    holding checkpoints; stale temporary folders of a killed save are removed."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file; it must be a folder (new or existing)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out) as f:
-            f.write(b"probe")
-    except OSError as e:
-        raise SystemExit(f"error: --output-dir {out} is not writable ({e.strerror or e})") from None
-    if fresh and (checkpoints(out) or (out / "latest").exists()):
-        names = ", ".join(p.name for p in checkpoints(out)) or "a 'latest' file"
-        raise SystemExit(f"error: --output-dir {out} already holds checkpoints ({names}); "
-                         f"continue that run with --resume (or --resume-from one of them), "
-                         f"or start this run in a new --output-dir")
-    for stale in [*out.glob(".tmp_step_*"), *out.glob("latest.tmp")]:
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink()
-        print(f"[checkpoint] removed {stale}, left by a save that did not finish", flush=True)
