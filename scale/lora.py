@@ -69,8 +69,8 @@ def check(cfg: LoraConfig, strategy: str = "ddp") -> None:
         return
     if not cfg.alpha > 0 or not 0.0 <= cfg.dropout < 1.0 or not cfg.target_modules:
         raise SystemExit(f"error: --lora.alpha {cfg.alpha} / --lora.dropout {cfg.dropout} / "
-                         f"--lora.target-modules {list(cfg.target_modules)}: give alpha > 0, 0 <= dropout < 1 "
-                         f"and at least one target module")
+                         f"--lora.target-modules {list(cfg.target_modules)}: give alpha > 0, "
+                         f"0 <= dropout < 1 and at least one target module")
     if strategy == "fsdp":
         raise SystemExit("error: --lora.rank with --dist.strategy fsdp is not supported: the adapters are "
                          "small, use --dist.strategy ddp")
@@ -91,7 +91,8 @@ def add_adapters(model, cfg: LoraConfig):
     except ValueError as e:
         said = (str(e).splitlines() or ["no match"])[0]
         raise SystemExit(f"error: --lora.target-modules {list(cfg.target_modules)} match no layer of the "
-                         f"model ({said}); name its linear layers (e.g. q_proj v_proj) or all-linear") from None
+                         f"model ({said}); name its linear layers (e.g. q_proj v_proj) or all-linear"
+                         ) from None
 
 
 def load_adapters(model, ckpt: Path, trainable: bool = True):
@@ -188,6 +189,26 @@ def save_merged(model, tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+
+
+def load_for_eval(name: str, device: str | torch.device = "cpu"):
+    """(model, tokenizer) of a model name or folder (models.load_model), a LoRA checkpoint merged."""
+    if has_adapters(name):
+        return load_merged(name, device)
+    from embedded.warmstart import resolve
+    from models import load_model
+    return load_model(resolve(name), device=device)
+
+
+def merged_folder(ckpt: Path | str) -> str:
+    """A LoRA checkpoint as a plain from_pretrained folder (merged, in a temporary folder): what vLLM starts
+    from in `evaluate.py eval --engine vllm`."""
+    import tempfile
+    model, tokenizer = load_merged(ckpt)
+    folder = Path(tempfile.mkdtemp(prefix="smrc-merged-"))
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
 
 
 def load_merged(ckpt: Path | str, device: str | torch.device = "cpu"):

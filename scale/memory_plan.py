@@ -185,8 +185,8 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
 # LoRA (--lora.rank R, scale/lora.py): Q adapter parameters, r × (in + out) per adapted linear layer
 LORA_LINEARS = {  # (in, out) of each linear layer of a decoder layer, by its name in Qwen/Llama models
     "q_proj": lambda a: (a.H, a.q_dim), "k_proj": lambda a: (a.H, a.kv_dim),
-    "v_proj": lambda a: (a.H, a.kv_dim), "o_proj": lambda a: (a.q_dim, a.H), "gate_proj": lambda a: (a.H, a.I), "up_proj": lambda a: (a.H, a.I),
-    "down_proj": lambda a: (a.I, a.H)}
+    "v_proj": lambda a: (a.H, a.kv_dim), "o_proj": lambda a: (a.q_dim, a.H),
+    "gate_proj": lambda a: (a.H, a.I), "up_proj": lambda a: (a.H, a.I), "down_proj": lambda a: (a.I, a.H)}
 
 
 def adapter_params(arch: Arch, rank: int, targets) -> int:
