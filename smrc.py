@@ -207,6 +207,7 @@ def setup(cfg: Config, life: Lifecycle) -> Setup:
         model.gradient_checkpointing_enable()
     if adapters:  # student and teacher: base + adapters; the optimizer holds the adapters only
         model = lora.load_adapters(model, ckpt) if ckpt else lora.add_adapters(model, cfg.lora)
+        distributed.print0(world, lora.describe(model, cfg.lora))
     model = distributed.wrap(model, world, cfg.dist.strategy)
     if adapters and cfg.grpo.kl_coef > 0:  # KL anchor = the same model with its adapters off: no copy
         ref_model = lora.AdaptersOff(distributed.unwrap(model))

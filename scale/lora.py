@@ -147,6 +147,15 @@ class AdaptersOff(torch.nn.Module):
             return self.module(*args, **kwargs)
 
 
+def describe(model, cfg: LoraConfig) -> str:
+    """The banner's line: the adapters' size beside the base's."""
+    n = sum(p.numel() for p in trainable(model))
+    total = sum(p.numel() for p in model.parameters())
+    return (f"[lora] rank {cfg.rank}, alpha {cfg.alpha:g}, dropout {cfg.dropout:g}, targets "
+            f"{list(cfg.target_modules)}: {n / 1e6:.3f}M adapter parameters trained of {total / 1e6:.2f}M; the KL "
+            f"reference is the base (adapters off)")
+
+
 def trainable(model) -> list[torch.nn.Parameter]:
     """The parameters the optimizer holds: the adapters under LoRA, every parameter otherwise."""
     return [p for p in model.parameters() if p.requires_grad]
