@@ -147,7 +147,11 @@ def test_lora_run_checkpoints_resumes_and_evaluates(tmp_path):
     ckpt = full / "step_000002"
     assert verify(ckpt) is None and (ckpt / "adapter_model.safetensors").is_file()
     assert not (ckpt / "model.safetensors").exists()  # peft's format: the adapters only
-    assert json.loads((full / "config.json").read_text())["lora"]["rank"] == 8
+    config = json.loads((full / "config.json").read_text())
+    assert config["lora"]["rank"] == 8  # --config and the trackers get the same dict
+    from embedded.warmstart import resolve
+    base = Path(resolve("tiny-agent-quick")) / "model.safetensors"  # what a resume's initial-weights check
+    assert config["resolved"]["initial_weights"]["sha256"] == {base.name: _sha(base)}  # compares: the base
     # evaluate.py loads the checkpoint (its base + adapters, merged) = the merged folder of the same step
     model, tok = evaluate.load_any(str(ckpt))
     merged, _ = evaluate.load_any(str(full / lora.MERGED))
