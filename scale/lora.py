@@ -152,8 +152,8 @@ def describe(model, cfg: LoraConfig) -> str:
     n = sum(p.numel() for p in trainable(model))
     total = sum(p.numel() for p in model.parameters())
     return (f"[lora] rank {cfg.rank}, alpha {cfg.alpha:g}, dropout {cfg.dropout:g}, targets "
-            f"{list(cfg.target_modules)}: {n / 1e6:.3f}M adapter parameters trained of {total / 1e6:.2f}M; the KL "
-            f"reference is the base (adapters off)")
+            f"{list(cfg.target_modules)}: {n / 1e6:.3f}M adapter parameters trained of {total / 1e6:.2f}M; "
+            f"the KL reference is the base (adapters off)")
 
 
 def trainable(model) -> list[torch.nn.Parameter]:

@@ -160,7 +160,8 @@ def test_lora_run_checkpoints_resumes_and_evaluates(tmp_path):
         assert torch.equal(models.token_logprobs(model, batch)[0], models.token_logprobs(merged, batch)[0])
     assert evaluate.check_checkpoints(evaluate.EvalArgs(checkpoint=(str(ckpt),))) == {str(ckpt): "verified"}
     # --resume from step 1 (in the same folder: step 2 is set aside): the same adapters and numbers at step 2
-    _run(*FAST, "--steps", "2", "--save-every", "1", "--output-dir", str(full), "--resume-from", "step_000001")
+    _run(*FAST, "--steps", "2", "--save-every", "1", "--output-dir", str(full),
+         "--resume-from", "step_000001")
     assert _sha(ckpt / "adapter_model.safetensors") == \
         _sha(full / "step_000002.after_step_1" / "adapter_model.safetensors")
     resumed = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()][1]
