@@ -44,8 +44,8 @@ def main(argv: list[str]) -> None:
     if cfg.lora.rank > 0:  # scale/lora.py: the plan counted the adapters, and no reference copy
         q = adapter_params(arch, cfg.lora.rank, tuple(cfg.lora.target_modules))
         print(f"LoRA rank {cfg.lora.rank} on {list(cfg.lora.target_modules)}: {q / 1e6:.1f}M adapter "
-              f"parameters trained (weights, gradients, AdamW: 16 B each); the base frozen in fp32; the KL reference = "
-              f"the base (adapters off), no copy")
+              f"parameters trained (weights, gradients, AdamW: 16 B each); the base frozen in fp32; the KL "
+              f"reference = the base (adapters off), no copy")
 
 
 if __name__ == "__main__":
