@@ -66,6 +66,10 @@ def check(cfg: LoraConfig, strategy: str = "ddp") -> None:
         raise SystemExit(f"error: --lora.rank {cfg.rank} is not a rank: give a positive rank, or 0 for full "
                          f"fine-tuning")
     if cfg.rank == 0:
+        unused = [f"--lora.{k.replace('_', '-')}" for k, v in vars(cfg).items() if v != getattr(LoraConfig(), k)]
+        if unused:
+            raise SystemExit(f"error: {' '.join(unused)} without --lora.rank R > 0 would be ignored: give the "
+                             f"rank, or drop them")
         return
     if not cfg.alpha > 0 or not 0.0 <= cfg.dropout < 1.0 or not cfg.target_modules:
         raise SystemExit(f"error: --lora.alpha {cfg.alpha} / --lora.dropout {cfg.dropout} / "
