@@ -12,7 +12,7 @@ Around the loop:
   checkpoint's weights merged into the base, a plain `from_pretrained` folder;
 - --resume rebuilds the base from --model (whose sha256 the initial-weights check compares with the run's
   start) and loads the adapters (`load_adapters`), bit for bit; a resume that would change the adapters
-  (turn them on or off, another rank, alpha, dropout or targets) is one error line (`check_resume`);
+  (turn them on or off, another rank, alpha or dropout) is one error line (`check_resume`);
 - `evaluate.py eval --checkpoint` merges the adapters into the checkpoint's base (`load_merged`);
 - vLLM gets the merged weights after each update (`merged_weights`, streamed through the engine's ordinary
   weight reload, scale/vllm_engine.py): one code path for full fine-tuning and LoRA, and the sampler runs the
@@ -115,7 +115,7 @@ def is_peft(model) -> bool:
 
 def check_resume(cfg: LoraConfig, ckpt: Path | None) -> None:
     """A resume keeps the checkpoint's adapters as they are: --lora.* on a checkpoint without adapters,
-    --lora.rank 0 on one with them, or other adapter settings than the checkpoint's: one error line."""
+    --lora.rank 0 on one with them, or another rank, alpha or dropout than the checkpoint's: one error line."""
     if ckpt is None:
         return
     if not has_adapters(ckpt):

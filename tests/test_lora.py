@@ -91,6 +91,7 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, monkeypatch):
 
     assert "positive rank" in error(lambda: smrc.parse_config(["--lora.rank", "-1"]))
     assert "without --lora.rank" in error(lambda: smrc.parse_config(["--lora.alpha", "32"]))
+    assert "fsdp" in error(lambda: smrc.parse_config(["--lora.rank", "8", "--dist.strategy", "fsdp"]))
     no_layer = lora.LoraConfig(rank=8, target_modules=("qq",))
     assert "match no layer" in error(lambda: lora.add_adapters(copy.deepcopy(model), no_layer))
     (tmp_path / "config.json").write_text("{}")  # a full fine-tuning checkpoint: no adapter_config.json
