@@ -146,6 +146,8 @@ def test_lora_run_checkpoints_resumes_and_evaluates(tmp_path):
     _run(*FAST, "--steps", "2", "--save-every", "1", "--lora.save-merged", "--output-dir", str(full))
     rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["actor/kl"] == 0.0 and rows[1]["actor/kl"] > 0  # step 1 updates from B = 0: policy = ref
+    from analysis import lambda_pilot  # the λ pilot reads the run: the term gradients over the adapters
+    assert lambda_pilot.measure(full).steps == 2 and rows[0]["actor/grad_norm_sd"] > 0
     ckpt = full / "step_000002"
     assert verify(ckpt) is None and (ckpt / "adapter_model.safetensors").is_file()
     assert not (ckpt / "model.safetensors").exists()  # peft's format: the adapters only
