@@ -24,6 +24,7 @@ from grpo import GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
+from scale.lora import LoraConfig, check as check_lora
 from teacher import TeacherConfig
 
 # names --router.matcher and --router.context no longer list, so that a command line or a run's config.json
@@ -147,6 +148,7 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # --lora.rank R > 0: adapters (scale/lora.py)
 
     @property
     def env_cfg(self):
@@ -189,6 +191,7 @@ def resolve(cfg: Config) -> Config:
         cfg.teacher.backend = cfg.rollout.engine
     if cfg.grpo.old_logprobs == "auto":
         cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
+    check_lora(cfg.lora, cfg.dist.strategy)  # a bad --lora.* (or no peft) is one error line
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form
     if cfg.grpo.sd_coef is None:
         cfg.grpo.sd_coef = default_sd_coef(cfg.algo, cfg.grpo.sd_loss, cfg.preset)

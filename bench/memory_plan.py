@@ -5,6 +5,7 @@ weights) and the run's settings (the model: scale/memory_plan.py).
     python bench/memory_plan.py --gpu-gib 80 --nproc 8 --config configs/alfworld/smrc_sd_qwen2.5_3b.yaml \
         --dist.strategy fsdp
     python bench/memory_plan.py --device cpu -- --model models/smollm2-135m --preset tiny
+    python bench/memory_plan.py --gpu-gib 24 --config configs/alfworld/smrc_sd_lora_qwen3_1.7b_24gb.yaml
 
 Any flag this script does not know (or any after `--`) is smrc.py's; `--config` is passed on too. The last
 line reads `peak P GiB of G GiB (PHASE)`; the line before it names the flag that moves the largest part.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scale.memory_plan import GIB, load_arch, plan, report  # noqa: E402
+from scale.memory_plan import GIB, adapter_params, load_arch, plan, report  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -40,6 +41,11 @@ def main(argv: list[str]) -> None:
     if ours.json:
         Path(ours.json).write_text(json.dumps(result, indent=1))
     print("\n".join(report(result, arch, ours.gpu_gib, ours.device)))
+    if cfg.lora.rank > 0:  # scale/lora.py: the plan counted the adapters, and no reference copy
+        q = adapter_params(arch, cfg.lora.rank, tuple(cfg.lora.target_modules))
+        print(f"LoRA rank {cfg.lora.rank} on {list(cfg.lora.target_modules)}: {q / 1e6:.1f}M adapter "
+              f"parameters trained (weights, gradients, AdamW: 16 B each); the base frozen in fp32; the KL "
+              f"reference = the base (adapters off), no copy")
 
 
 if __name__ == "__main__":

