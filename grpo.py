@@ -32,7 +32,7 @@ from typing import Literal, Protocol
 import torch
 
 import term_grads as measure
-from models import collate, micro_batches, token_logprobs
+from models import micro_batches, precision, score, score_rows, token_logprobs
 
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
@@ -230,15 +230,13 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     steps in a row across calls, and at cfg.max_nonfinite_steps the run stops with an error."""
     world = world or _OneProcess()
     device = next(model.parameters()).device
-    on_cuda = cfg.bf16 and device.type == "cuda"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
     minis = _mini_batches(samples, cfg.mini_batch_size, world)  # one optimizer step each
     on_policy = len(minis) == 1 and cfg.ppo_epochs == 1  # then π_old is this forward's, detached
     measured = measure.measured_mini_batch(minis) if measure.can_measure(cfg, model) else None
     sums, grad_norms, skips = _empty_sums(), [], 0
     model.train()
     recomputed = (None if on_policy or cfg.old_logprobs != "recompute" else  # π_old from the trainer
-                  _recompute_old(model, ref_model, minis, cfg, world, pad_id, temperature, autocast))
+                  _recompute_old(model, ref_model, minis, cfg, world, pad_id, temperature))
     for epoch in range(cfg.ppo_epochs):
         for m, mb in enumerate(minis):
             first = epoch == 0 and m == 0  # on the weights that sampled: ρ = 1
@@ -246,15 +244,12 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
             term_grads = {} if (epoch, m) == (0, measured) else None
             optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            for chunk in _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast):
-                batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
-                batch = batch.to(device)
+            for chunk in _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature):
+                batch, logp, entropy = score(model, [s.prompt_ids for s in chunk],
+                                             [s.response_ids for s in chunk], pad_id, temperature,
+                                             [s.allowed for s in chunk], cfg.bf16, with_entropy=True)  # (B, R)
                 mask = batch.response_mask.float()                                              # (B, R)
-                allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
-                with autocast:
-                    logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True,
-                                                   allowed=allowed)                             # (B, R)
-                    ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, allowed, logp)  # (B, R)
+                ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, chunk, logp)       # (B, R)
                 sampled, teacher_logp, distilled, advantages = _sample_tensors(chunk, mask.shape[1], device)
                 old_logp = (logp.detach() if on_policy else sampled if recomputed is None else
                             _pad([recomputed[id(s)] for s in chunk], mask.shape[1]).to(device))      # (B, R)
@@ -299,7 +294,7 @@ def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float
 
 
 def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int,
-                        temperature: float, autocast, backward: bool = True):
+                        temperature: float, backward: bool = True):
     """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
     each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
     many passes (DDP syncs on the last, FSDP gathers parameters on each, the policy's and the sharded
@@ -313,40 +308,36 @@ def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, wor
             if c < len(chunks):
                 yield [mb[i] for i in chunks[c]]
                 continue
-            batch = collate([[pad_id]], [[pad_id]], pad_id).to(next(model.parameters()).device)
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature)
-                if backward:
-                    _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
+            batch, logp, _ = score(model, [[pad_id]], [[pad_id]], pad_id, temperature, bf16=cfg.bf16)
+            if backward:
+                _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
             if backward:
                 (logp.sum() * 0.0).backward()
 
 
 @torch.no_grad()
 def _recompute_old(model, ref_model, minis: list[list[Sample]], cfg: GRPOConfig, world, pad_id: int,
-                   temperature: float, autocast) -> dict[int, list[float]]:
+                   temperature: float) -> dict[int, list[float]]:
     """log π_old(y_t) of every turn-sample (by id) from the trainer's weights before the first step, over the
     same micro-batches as the update's passes (every rank runs as many: DDP and FSDP forwards are
     collectives)."""
-    out, device = {}, next(model.parameters()).device
+    out = {}
     for mb in minis:
-        passes = _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast,
-                                     backward=False)
+        passes = _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, backward=False)
         for chunk in passes:
-            batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id).to(device)
-            allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature, allowed=allowed)               # (B, R)
-            for row, s in enumerate(chunk):
-                out[id(s)] = logp[row, :len(s.response_ids)].float().tolist()
+            rows = score_rows(model, [s.prompt_ids for s in chunk], [s.response_ids for s in chunk],
+                              [range(len(chunk))], pad_id, temperature, [s.allowed for s in chunk], cfg.bf16)
+            out.update(zip(map(id, chunk), rows))
     return out
 
 
-def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, allowed, logp):
-    """log π_ref of the sampled tokens (no gradient), or logp.detach() (a KL of 0) without a KL anchor."""
+def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, chunk, logp):
+    """log π_ref of the sampled tokens (no gradient; on the batch `score` built for `chunk`'s samples, in the
+    trainer's precision), or logp.detach() (a KL of 0) without a KL anchor."""
     if cfg.kl_coef <= 0 or ref_model is None:
         return logp.detach()
-    with torch.no_grad():
+    allowed = [s.allowed for s in chunk] if chunk and any(s.allowed is not None for s in chunk) else None
+    with torch.no_grad(), precision(batch.input_ids.device, cfg.bf16):
         return token_logprobs(ref_model, batch, temperature, allowed=allowed)[0]
 
 

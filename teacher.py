@@ -38,7 +38,6 @@ candidate_share.py (how often the student sampled the candidate; the gaps on and
 
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -46,7 +45,7 @@ import torch
 
 import envs
 import router
-from models import chat_ids, collate, micro_batches, token_logprobs
+from models import chat_ids, micro_batches, score_rows
 from records import Turn
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
@@ -91,19 +90,10 @@ def hf_logprob_fn(model, pad_id: int, micro_batch_tokens: int, temperature: floa
     carries no precision difference; float32 on CPU."""
     @torch.no_grad()
     def logprob_fn(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
-        out: list[list[float]] = [[] for _ in prompts]
-        device = next(model.parameters()).device
-        on_cuda = bf16 and device.type == "cuda"
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
         was_training = model.training
         model.eval()
-        for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
-            batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
-            rows = [allowed[i] for i in idx] if allowed is not None else None
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature, allowed=rows)  # (B, R)
-            for row, i in enumerate(idx):
-                out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
+        chunks = micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens)
+        out = score_rows(model, prompts, responses, chunks, pad_id, temperature, allowed, bf16)
         model.train(was_training)
         return out
     return logprob_fn
