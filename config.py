@@ -19,7 +19,7 @@ from environments.alfworld import AlfworldConfig
 from environments.external import ExternalConfig
 from environments.textworld import TextWorldConfig
 from environments.webshop import WebShopConfig
-from grpo import GRPOConfig
+from grpo import TIS_CAP, GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
@@ -178,6 +178,8 @@ def resolve(cfg: Config) -> Config:
         cfg.teacher.backend = cfg.rollout.engine
     if cfg.grpo.old_logprobs == "auto":
         cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
+    if cfg.grpo.tis_cap is None:  # truncated IS on by default under vLLM, as TRL's vLLM correction
+        cfg.grpo.tis_cap = TIS_CAP if cfg.rollout.engine == "vllm" else 0.0
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form
     if cfg.grpo.sd_coef is None:
         cfg.grpo.sd_coef = default_sd_coef(cfg.algo, cfg.grpo.sd_loss, cfg.preset)

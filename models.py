@@ -196,11 +196,11 @@ def precision(device: torch.device, bf16: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
 
 
-def score(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-          temperature: float = 1.0, allowed: list | None = None, bf16: bool = True, with_entropy: bool = False):
-    """One scoring micro-batch, the trainer's one numeric path: collate, the rows' allowed ids (None when every
-    row is free), `precision`, `token_logprobs`. Returns (batch, logp (B, R), entropy (B, R) or None), on the
-    model's device."""
+def score(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int, temperature: float = 1.0,
+          allowed: list | None = None, bf16: bool = True, with_entropy: bool = False):
+    """One scoring micro-batch, the trainer's one numeric path: collate, the rows' allowed ids (None when
+    every row is free), `precision`, `token_logprobs`. Returns (batch, logp (B, R), entropy (B, R) or None),
+    on the model's device."""
     device = next(model.parameters()).device
     batch = collate(prompts, responses, pad_id).to(device)
     allowed = allowed if allowed is not None and any(a is not None for a in allowed) else None

@@ -60,10 +60,11 @@ class RouterConfig:
     (same prefix), random (control), with-reference (FullPath-SD: every turn of a task with a reference),
     every-turn (reference or not), none; all / every are the old names of with-reference / every-turn; None =
     set by --algo"""
-    context: Literal["trajectory", "summary", "candidate", "smrc", "skill", "fullpath", "full"] | None = None
+    context: Literal["trajectory", "summary", "candidate", "smrc", "skill", "none", "fullpath",
+                     "full"] | None = None
     """teacher context: trajectory (FullPath-SD), summary (+state), candidate (+candidate action), smrc
-    (trajectory + state + candidate: SMRC-SD), skill (skill files); fullpath / full are the old names of
-    trajectory / smrc; None = set by --algo"""
+    (trajectory + state + candidate: SMRC-SD), skill (skill files), none (control: exactly the student's
+    prompt, so Δ = 0); fullpath / full are the old names of trajectory / smrc; None = set by --algo"""
     history_window: int | None = None
     """h of the `history` matcher: (observation, action) pairs compared; None = the env's prompt
     history_length"""
@@ -378,6 +379,7 @@ CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, j
     "candidate": ("trajectory", "candidate"),
     "smrc": ("trajectory", "summary", "candidate"),
     "skill": ("skills",),
+    "none": (),  # the null-context control: the teacher sees exactly the student's prompt (no closing line)
 }
 SKILLS_DIR = Path(__file__).resolve().parent / "skills"  # <env>/general.md and <env>/<task_type>.md
 
@@ -426,6 +428,8 @@ def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, s
     variants that show the candidate action, `ref` by those that show the trajectory, `skills` (skill_text) by
     skill.
     """
+    if variant == "none":
+        return TeacherContext((), ())
     blocks = []
     for block in context_blocks(variant):
         if block == "skills":
