@@ -52,6 +52,7 @@ from models import HFEngine, load_model
 from records import Trajectory, Turn
 from scale import distributed
 from scale.lifecycle import Lifecycle, started
+from scale import vllm_engine
 from scale.vllm_engine import VLLMEngine
 
 NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step limit (a plan may be long)
@@ -125,6 +126,9 @@ def train_step(cfg: Config, life: Lifecycle, run: Setup, step: int) -> None:
                             world=world, nonfinite_streak=life.nonfinite)
     # 8. sync the rollout engine; log, archive the turns, validate and checkpoint when due
     life.at(step, "weight sync")
+    if cfg.rollout.engine == "vllm" and (line := vllm_engine.sync_warning(
+            actor["actor/rollout_logprob_gap"], step + 1, cfg.rollout.vllm_sleep_level)):
+        distributed.print0(life.world, line)  # the last sync's samples are far from the trainer
     run.engine.sync_weights(run.model)
     times = {"step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update}
     life.end_step(run, step + 1, (episodes, counters, sd_counts, audited, times), actor)
@@ -213,7 +217,8 @@ def setup(cfg: Config, life: Lifecycle) -> Setup:
     if cfg.rollout.engine == "vllm":  # colocated, one engine per rank on its device; started from the model
         engine = VLLMEngine(str(ckpt) if ckpt else model_path, tokenizer, cfg.rollout.sampling,
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank,
-                            torchrun=world.enabled)
+                            torchrun=world.enabled, limits=vllm_limits(cfg, world.world_size),
+                            sleep_level=cfg.rollout.vllm_sleep_level)
         engine.sync_weights(model)
         distributed.print0(world, "[vllm] " + ", ".join(f"rank {r}: {where}" for r, where in
                                                         enumerate(world.gather(engine.placement()))))
@@ -224,6 +229,15 @@ def setup(cfg: Config, life: Lifecycle) -> Setup:
     return Setup(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
                  optimizer=optimizer, bank=bank, engine=engine,
                  teacher=candidate_gain.resolved(cfg.teacher, n_params))
+
+
+def vllm_limits(cfg: Config, world_size: int) -> dict:
+    """vLLM sized from the run (scale/vllm_engine.engine_limits): the longest prompt it is given (teacher
+    prompts too when it scores the teacher), the response, this rank's share of the rollout batch."""
+    longest = max(cfg.rollout.max_prompt_tokens,
+                  cfg.teacher.max_prompt_tokens if cfg.teacher.backend == "vllm" else 0)
+    batch = -(-cfg.rollout.tasks_per_step * cfg.rollout.group_size // world_size)
+    return vllm_engine.engine_limits(longest, cfg.rollout.sampling.max_new_tokens, batch)
 
 
 def banner(cfg: Config, life: Lifecycle, run: Setup) -> None:
