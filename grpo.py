@@ -330,7 +330,8 @@ def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float
 def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int,
                         temperature: float, backward: bool = True):
     """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
-    each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
+    each yielded inside DDP's no_sync (FSDP2: without gradient sync) but the last (gradients accumulate, then
+    sync once). Every rank runs as
     many passes (DDP syncs on the last, FSDP gathers parameters on each, the policy's and the sharded
     reference's): a rank with fewer micro-batches runs zero-loss passes of one pad token instead (forward
     only with `backward` False)."""
@@ -338,6 +339,8 @@ def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, wor
     n_passes = world.all_max(len(chunks))
     for c in range(n_passes):
         last = c == n_passes - 1
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last pass only
+            model.set_requires_gradient_sync(last)
         with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
             if c < len(chunks):
                 yield [mb[i] for i in chunks[c]]

@@ -208,7 +208,7 @@ def setup(cfg: Config, life: Lifecycle) -> Setup:
         ref_model.requires_grad_(False).to(grpo.ref_dtype(cfg.grpo, world.device))  # bf16 on CUDA
     if grpo.grad_checkpointing_on(cfg.grpo, model):
         model.gradient_checkpointing_enable()
-    model = distributed.wrap(model, world, cfg.dist.strategy)
+    model = distributed.wrap(model, world, cfg.dist.strategy, cfg.grpo.bf16)
     if ref_model is not None:
         ref_model = distributed.wrap_frozen(ref_model, world, cfg.dist.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay)
