@@ -98,9 +98,10 @@ zeroed)"""
 
 def engine_limits(max_prompt_tokens: int, max_new_tokens: int, rollout_batch: int) -> dict:
     """vLLM's size from the run's settings (as TRL's colocate mode sets them): max_model_len = the longest
-    prompt (the rollout's or, with the teacher on vLLM, the teacher's budget) + the response; max_num_seqs =
-    the rank's rollout batch (tasks × group size / ranks); max_num_batched_tokens = MAX_BATCHED_TOKENS."""
-    return dict(max_model_len=max_prompt_tokens + max_new_tokens, max_num_seqs=max(1, rollout_batch),
+    prompt (the rollout's or, with the teacher on vLLM, the teacher's budget) + the response + 1 (teacher
+    scoring sends [prompt + response] as the prompt and asks for one token); max_num_seqs = the rank's rollout
+    batch (tasks × group size / ranks); max_num_batched_tokens = MAX_BATCHED_TOKENS."""
+    return dict(max_model_len=max_prompt_tokens + max_new_tokens + 1, max_num_seqs=max(1, rollout_batch),
                 max_num_batched_tokens=MAX_BATCHED_TOKENS)
 
 

@@ -20,8 +20,8 @@ from fakes import turn
 from models import HFEngine, SamplingConfig, chat_ids
 from records import WITHOUT_REFERENCE, Step
 
-BF16_BOUND = 0.01  # nat per token, CPU bf16 autocast, null context: 5x the max measured on tiny (0.00195)
-TEXTS = ["Your task is to: put a mug in fridge.", "go", "You see a cabinet 1, a drawer 2 and a fridge 1. " * 3,
+BF16_BOUND = 0.01  # nat a token, bf16 autocast, null context: 5x the max measured on tiny on CPU (0.00195)
+TEXTS = ["Your task is to: put a mug in fridge.", "go", "You see a cabinet 1, a drawer 2, a fridge 1. " * 3,
          "Your task is to: heat some egg and put it in garbagecan.", "look around the room", "x y z"]
 
 
@@ -39,12 +39,12 @@ def _turns(model, tok):
     return turns
 
 
-def _null_context_deltas(model, tok, monkeypatch, bf16_on_cpu=False):
+def _null_context_deltas(model, tok, monkeypatch, bf16_on_cpu=False, device="cpu"):
     """|Δ| of every distilled token the update's first mini-batch sees, and its actor/ metrics, after the hf
     teacher scored the turns with the null context (micro-batches of different widths on each side)."""
     if bf16_on_cpu:
-        monkeypatch.setattr(models, "precision", lambda device, bf16: torch.autocast("cpu", dtype=torch.bfloat16))
-    m = copy.deepcopy(model)
+        monkeypatch.setattr(models, "precision", lambda *_: torch.autocast("cpu", dtype=torch.bfloat16))
+    m = copy.deepcopy(model).to(device)
     turns = _turns(m, tok)
     assert teacher.teacher_prompts(turns[:1], "none", tok) == [turns[0].prompt_ids]
     assert router.teacher_context("none", None, None, ()).around("abc") == "abc"
@@ -84,6 +84,18 @@ def test_null_context_delta_under_bf16_autocast_is_within_the_stated_bound(tiny,
           f"over {deltas.numel()} tokens")
     assert deltas.max().item() <= BF16_BOUND
     assert deltas.mean().item() <= BF16_BOUND / 10
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only (bench/gpu_check.sh runs it)")
+def test_null_context_delta_on_cuda_in_bf16_autocast(tiny, monkeypatch):
+    """The CUDA path as it runs (models.precision: bf16 autocast on the device): |Δ| ≤ BF16_BOUND."""
+    model, tok = tiny
+    deltas, stats, actor = _null_context_deltas(model, tok, monkeypatch, device="cuda")
+    print(f"CUDA bf16 null-context |Δ|: max {deltas.max().item():.3g}, mean {deltas.mean().item():.3g} over "
+          f"{deltas.numel()} tokens; grad_norm_sd {actor['actor/grad_norm_sd']:.3g}, grpo "
+          f"{actor['actor/grad_norm_grpo']:.3g}; sd/gap_sum per token "
+          f"{stats['sd/gap_sum'] / stats['sd/distilled_tokens']:.3g}")
+    assert deltas.max().item() <= BF16_BOUND
 
 
 @pytest.mark.parametrize("context", ["none", "smrc"])

@@ -57,13 +57,13 @@ def test_off_means_weight_one_and_nothing_capped(tiny, monkeypatch):
 
 
 def test_the_weight_multiplies_the_ppo_term_and_nothing_else():
-    """loss_terms with w: pg_loss is w times the unweighted one; the SD, KL and entropy terms are unchanged."""
+    """loss_terms with w: pg_loss is w times the unweighted one; the SD, KL and entropy terms unchanged."""
     g = torch.Generator().manual_seed(0)
     B, R = 2, 3
     logp = -torch.rand(B, R, generator=g)
     w = torch.tensor([[0.5, 1.0, 2.0], [1.5, 0.25, 2.0]])
-    x = grpo.TokenTerms(logp, logp - 0.1, logp - 0.2, logp + 0.3, torch.ones(B, R), torch.tensor([1.0, -2.0]),
-                        torch.rand(B, R, generator=g))
+    x = grpo.TokenTerms(logp, logp - 0.1, logp - 0.2, logp + 0.3, torch.ones(B, R),
+                        torch.tensor([1.0, -2.0]), torch.rand(B, R, generator=g))
     cfg = grpo.GRPOConfig(sd_loss="reverse-kl", sd_coef=0.5, tis_cap=2.0)
     _, plain = grpo.loss_terms(x, cfg)
     x.tis = w
