@@ -61,7 +61,8 @@ ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, th
 class TeacherConfig:
     backend: Literal["auto", "hf", "vllm"] = "auto"
     """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout
-    engine; auto = the rollout engine's kind (vllm scores on that same engine)"""
+    engine; auto = hf (measured cheaper per distilled turn: bench/results/teacher_scale), vllm under FSDP with
+    a vLLM engine (every FSDP forward is a collective)"""
     max_prompt_tokens: int = 8192
     """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never
     truncate"""
