@@ -50,9 +50,8 @@ import teacher
 from config import ALGOS, Config, config_from_run, default_sd_coef, parse_config  # noqa: F401
 from models import HFEngine, load_model
 from records import Trajectory, Turn
-from scale import distributed
+from scale import distributed, vllm_engine
 from scale.lifecycle import Lifecycle, started
-from scale import vllm_engine
 from scale.vllm_engine import VLLMEngine
 
 NO_STEP_LIMIT = 10**6  # planner references replay through an env with this step limit (a plan may be long)
