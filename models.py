@@ -87,10 +87,14 @@ class Batch:
     position_ids: torch.Tensor    # (B, P+R)
     response_ids: torch.Tensor    # (B, R)
     response_mask: torch.Tensor   # (B, R) 1 on sampled tokens
+    token_rows: torch.Tensor      # (N,) row of each sampled token, row-major (as response_mask.nonzero())
+    token_cols: torch.Tensor      # (N,) its response position
+    positions: list               # the same N (row, position) pairs on the host: no device read needed
 
     def to(self, device):
         return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                              self.response_ids, self.response_mask)))
+                                              self.response_ids, self.response_mask, self.token_rows,
+                                              self.token_cols)), self.positions)
 
 
 def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
@@ -103,7 +107,11 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
         attention_mask[i, P - len(p):P + len(r)] = 1
         response_mask[i, :len(r)] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
+    positions = [[i, t] for i, r in enumerate(responses) for t in range(len(r))]
+    rows, cols = (torch.tensor(x, dtype=torch.long) for x in zip(*positions)) if positions else (
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask, rows, cols,
+                 positions)
 
 
 LOGPROB_CHUNK_TOKENS = 512
@@ -124,10 +132,9 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     recomputed in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens,
     V)."""
     R = batch.response_ids.shape[1]
-    sel = batch.response_mask.bool()                                          # (B, R) real response tokens
+    rows, cols, positions = batch.token_rows, batch.token_cols, batch.positions  # the N real response tokens
     source, head = _response_states(model, batch, R)                          # (B, R, H) or (B, R, V) logits
-    source, targets = source[sel], batch.response_ids[sel]                    # (N, ·), (N,)
-    positions = sel.nonzero().tolist()                                        # (b, t) of each of the N tokens
+    source, targets = source[rows, cols], batch.response_ids[rows, cols]      # (N, ·), (N,): no host sync
     V = source.shape[-1] if head is None else head.weight.shape[0]
     logps, entropies = [], []
     for i in range(0, len(positions), chunk_tokens):
@@ -140,11 +147,11 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
             lp, ent = _chunk_logprobs(*args)
         logps.append(lp)
         entropies.append(ent)
-    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)   # (B, R)
-    logp = zeros.masked_scatter(sel, torch.cat(logps)) if logps else zeros
+    zeros = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=rows.device)   # (B, R)
+    logp = zeros.index_put((rows, cols), torch.cat(logps)) if logps else zeros
     entropy = None
     if with_entropy:
-        entropy = zeros.masked_scatter(sel, torch.cat(entropies)) if entropies else zeros
+        entropy = zeros.index_put((rows, cols), torch.cat(entropies)) if entropies else zeros
     return logp, entropy
 
 
