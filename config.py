@@ -20,7 +20,7 @@ from environments.alfworld import AlfworldConfig
 from environments.external import ExternalConfig
 from environments.textworld import TextWorldConfig
 from environments.webshop import WebShopConfig
-from grpo import GRPOConfig
+from grpo import TIS_CAP, GRPOConfig
 from models import SamplingConfig
 from rollout import RolloutConfig
 from router import RouterConfig
@@ -187,10 +187,12 @@ def resolve(cfg: Config) -> Config:
         cfg.router.history_window = cfg.env_cfg.history_length
     if cfg.rollout.engine == "auto":
         cfg.rollout.engine, cfg._engine_why = auto_engine(cfg)  # the why: for the banner (not a flag)
-    if cfg.teacher.backend == "auto":  # the rollout engine scores (vLLM: prompt log-probs on the same one)
-        cfg.teacher.backend = cfg.rollout.engine
+    if cfg.teacher.backend == "auto":  # the trainer's path (bench/results/teacher_scale), but FSDP needs vLLM
+        cfg.teacher.backend = "vllm" if cfg.rollout.engine == "vllm" and cfg.dist.strategy == "fsdp" else "hf"
     if cfg.grpo.old_logprobs == "auto":
         cfg.grpo.old_logprobs = "recompute" if cfg.rollout.engine == "vllm" else "sampler"
+    if cfg.grpo.tis_cap is None:  # truncated IS on by default under vLLM, as TRL's vLLM correction
+        cfg.grpo.tis_cap = TIS_CAP if cfg.rollout.engine == "vllm" else 0.0
     check_lora(cfg.lora, cfg.dist.strategy)  # a bad --lora.* (or no peft) is one error line
     cfg.grpo.sd_loss = cfg.grpo.sd_loss or form
     if cfg.grpo.sd_coef is None:

@@ -14,6 +14,14 @@
     grpo-opsd  (GRPO+OPSD)             the sdar form with g = 0.5
   λ and the form arrive resolved (config.resolve). By default Σ ℓ_t is divided by every response token of the
   mini-batch, as L_GRPO is (`--grpo.sd-norm distilled`: by the distilled ones).
+- Δ is taken on one numeric path. The hf teacher scores with the trainer's own code and precision
+  (models.score), so Δ = log π_T − log π_θ as written. A teacher on vLLM also scores the student's own prompt
+  there (turn.teacher_base_logprobs = log π_old on vLLM's path), and the update composes
+      Δ = (log π_T − log π_old)_vLLM + (log π_old − log π_θ)_trainer,
+  π_old the trainer's (this forward on the first mini-batch, else the recomputed or the sampler's).
+  Checked by the null context (`--router.context none`: Δ = 0 on every token, tests/test_sd_delta.py).
+- Truncated importance sampling (`tis_cap`, verl's rollout IS): under vLLM the samples come from the
+  sampler's policy, so L_GRPO's per-token loss is weighted by the detached w = min(π_old / π_sampler, C).
 - Mini-batches after the first are off-policy: the reverse-kl term is weighted by a detached
   ρ = exp(min(log π_θ − log π_old, log sd_is_cap)) there (ρ = 1 on the first). The teacher is frozen for the
   step: its log-probs come from the weights that sampled.
@@ -32,9 +40,11 @@ from typing import Literal, Protocol
 import torch
 
 from measure import term_grads as measure
-from models import collate, micro_batches, token_logprobs
+from models import micro_batches, precision, score, score_rows, token_logprobs
+from scale import actor_stats as stats
 
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
+TIS_CAP = 2.0  # --grpo.tis-cap's default under vLLM: verl's rollout-IS threshold (TRL's vLLM IS cap is 3)
 KL_CLAMP = 10.0    # the k3 KL estimate is clamped to ±KL_CLAMP per token (verl's low_var_kl)
 
 
@@ -97,6 +107,12 @@ class GRPOConfig:
     sampler = the rollout engine's sampling log-probs (no extra pass). auto = recompute under a vLLM engine,
     sampler under the transformers engine (same weights and precision: nothing to correct; config.resolve).
     The trainer-sampler gap is logged either way (actor/rollout_logprob_gap)"""
+    tis_cap: float | None = None
+    """truncated importance sampling of the sampler-trainer mismatch: L_GRPO's per-token loss is weighted by
+    the detached w = min(π_old / π_sampler, C), π_old the trainer's (verl's rollout IS, token level; TRL's
+    vLLM correction); C = this cap, 0 = off. None = TIS_CAP under a vLLM engine, off under the transformers
+    engine (its sampler is the trainer's own module: w = 1 up to rounding; config.resolve). Logged:
+    actor/tis_weight (mean w) and actor/tis_capped_share"""
     max_nonfinite_steps: int = 3
     """optimizer steps in a row with a non-finite loss or gradient norm before the run stops with an error;
     each one is skipped (no weight changes) and counted in actor/nonfinite_skips"""
@@ -111,6 +127,7 @@ class Sample(Protocol):
     sample_logprobs: list[float]                 # under the sampling policy (one per response token)
     teacher_logprobs: list[float] | None         # set on distilled turns only
     allowed: list[list[int]] | None              # restricted decoding: allowed ids per response position
+    teacher_base_logprobs: list[float] | None    # a vLLM teacher's log-probs of the student's own prompt
 
 
 def grpo_advantages(scores: list[float], group_ids: list, norm_by_std: bool = True,
@@ -174,6 +191,8 @@ class TokenTerms:
     advantages: torch.Tensor            # (B,) the turn-samples' GRPO advantages
     entropy: torch.Tensor               # H(π_θ) at each position
     sd_rho: torch.Tensor | None = None  # the reverse-kl term's detached importance ratio (None = 1)
+    tis: torch.Tensor | None = None     # truncated IS weight min(π_old / π_sampler, C) of L_GRPO (None = off)
+    sampled: torch.Tensor | None = None  # log π_sampler(y_t), the rollout engine's (stats only)
 
 
 def loss_terms(x: TokenTerms, cfg: GRPOConfig, sd_scale: float = 1.0):
@@ -186,6 +205,9 @@ def loss_terms(x: TokenTerms, cfg: GRPOConfig, sd_scale: float = 1.0):
     pg_losses2 = -A * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)                             # (B, R) PPO clip
     pg_losses = torch.where(A < 0, torch.minimum(pg_losses, -A * cfg.clip_ratio_c), pg_losses)  # dual clip
+    tis = torch.ones_like(x.logp) if x.tis is None else x.tis                    # (B, R) sg(w), 1 when off
+    if x.tis is not None:
+        pg_losses = tis * pg_losses                                               # TIS: w · ℓ_PPO (verl)
     rho = torch.ones_like(x.logp) if x.sd_rho is None else x.sd_rho              # (B, R) sg(ρ) of reverse-kl
     sd, gate = sd_losses(x.logp, x.old_logp, x.teacher_logp, x.sd_mask, cfg.sd_loss, cfg.sd_gate_beta,
                          rho)                                                     # (B, R)
@@ -194,7 +216,8 @@ def loss_terms(x: TokenTerms, cfg: GRPOConfig, sd_scale: float = 1.0):
     loss = pg_losses + cfg.sd_coef * sd_scale * sd + cfg.kl_coef * kl - cfg.entropy_coef * x.entropy
     clipped = (pg_losses2 > pg_losses1).float()
     return loss, dict(pg_loss=pg_losses, sd_loss=sd, kl=kl, entropy=x.entropy, clipfrac=clipped, ratio=ratio,
-                      gap=(x.teacher_logp - x.logp).detach() * x.sd_mask, gate=gate, sd_rho=rho * x.sd_mask)
+                      gap=(x.teacher_logp - x.logp).detach() * x.sd_mask, gate=gate, sd_rho=rho * x.sd_mask,
+                      tis_weight=tis, tis_capped_share=(tis >= (cfg.tis_cap or math.inf)).float())
 
 
 class _OneProcess:
@@ -217,53 +240,59 @@ def update(model, optimizer, samples: list[Sample], cfg: GRPOConfig, *, pad_id: 
     gradient norm is not finite (on any rank) takes no step; `nonfinite_streak` carries the count of such
     steps in a row across calls, and at cfg.max_nonfinite_steps the run stops with an error."""
     world = world or _OneProcess()
-    device = next(model.parameters()).device
-    on_cuda = cfg.bf16 and device.type == "cuda"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
     minis = _mini_batches(samples, cfg.mini_batch_size, world)  # one optimizer step each
     on_policy = len(minis) == 1 and cfg.ppo_epochs == 1  # then π_old is this forward's, detached
     measured = measure.measured_mini_batch(minis) if measure.can_measure(cfg, model) else None
-    sums, grad_norms, skips = _empty_sums(), [], 0
+    sums, grad_norms, skips = stats.empty_sums(), [], 0
     model.train()
     recomputed = (None if on_policy or cfg.old_logprobs != "recompute" else  # π_old from the trainer
-                  _recompute_old(model, ref_model, minis, cfg, world, pad_id, temperature, autocast))
+                  _recompute_old(model, ref_model, minis, cfg, world, pad_id, temperature))
     for epoch in range(cfg.ppo_epochs):
         for m, mb in enumerate(minis):
             first = epoch == 0 and m == 0  # on the weights that sampled: ρ = 1
             norm, sd_scale = _normalisers(mb, cfg, world)  # token-mean over the global mini-batch
             term_grads = {} if (epoch, m) == (0, measured) else None
             optimizer.zero_grad(set_to_none=True)
-            mb_loss = 0.0
-            for chunk in _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast):
-                batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
-                batch = batch.to(device)
-                mask = batch.response_mask.float()                                              # (B, R)
-                allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
-                with autocast:
-                    logp, entropy = token_logprobs(model, batch, temperature, with_entropy=True,
-                                                   allowed=allowed)                             # (B, R)
-                    ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, allowed, logp)  # (B, R)
-                sampled, teacher_logp, distilled, advantages = _sample_tensors(chunk, mask.shape[1], device)
-                old_logp = (logp.detach() if on_policy else sampled if recomputed is None else
-                            _pad([recomputed[id(s)] for s in chunk], mask.shape[1]).to(device))      # (B, R)
-                sd_mask = distilled * mask                                                      # (B, R)
-                # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, capped)
-                sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp,
-                                                                  max=math.log(cfg.sd_is_cap)))
-                loss_tok, terms = loss_terms(TokenTerms(logp, old_logp, ref_logp, teacher_logp, sd_mask,
-                                                        advantages, entropy, sd_rho), cfg, sd_scale)
+            rows = []  # each micro-batch's summed stats and loss, kept on the device until the step
+            for chunk in _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature):
+                x, mask = _token_terms(model, ref_model, chunk, cfg, pad_id, temperature,
+                                       first=first, old=None if on_policy else recomputed or "sampler")
+                loss_tok, terms = loss_terms(x, cfg, sd_scale)                                  # (B, R)
                 loss = (loss_tok * mask).sum() / norm
                 if term_grads is not None:  # measurement only: ∇L_GRPO and ∇(λ·L_SD) apart
                     measure.add(term_grads, model, terms, mask, norm, cfg.sd_coef * sd_scale)
                 loss.backward()
-                mb_loss += float(loss.detach())
-                _add_stats(sums, terms, mask, sd_mask, sampled, logp)
+                rows.append(stats.row(terms, mask, x, loss))
             measure.record_norms(sums, term_grads)
-            grad_norm = _clip_grad_norm(model, cfg.max_grad_norm)
+            mb_loss, grad_norm = stats.read(sums, rows, _clip_grad_norm(model, cfg.max_grad_norm))
             nonfinite_streak = _guarded_step(optimizer, mb_loss, grad_norm, nonfinite_streak, cfg, world)
             skips += nonfinite_streak > 0
             grad_norms += [grad_norm] if nonfinite_streak == 0 else []
-    return actor_metrics(sums, world, grad_norms, optimizer.param_groups[0]["lr"], skips, nonfinite_streak)
+    lr = optimizer.param_groups[0]["lr"]
+    return stats.actor_metrics(sums, world, grad_norms, lr, skips, nonfinite_streak)
+
+
+def _token_terms(model, ref_model, chunk: list[Sample], cfg: GRPOConfig, pad_id: int, temperature: float, *,
+                 first: bool, old) -> tuple[TokenTerms, torch.Tensor]:
+    """One micro-batch's forward and what loss_terms reads of it, and its response mask (B, R). `old`: None =
+    on-policy (π_old is this forward's, detached), "sampler" = the rollout engine's log-probs, else the
+    trainer's recomputed ones by sample id."""
+    batch, logp, entropy = score(model, [s.prompt_ids for s in chunk], [s.response_ids for s in chunk],
+                                 pad_id, temperature, [s.allowed for s in chunk], cfg.bf16, with_entropy=True)
+    mask = batch.response_mask.float()                                                      # (B, R)
+    R, device = mask.shape[1], mask.device
+    ref_logp = _ref_logprobs(ref_model, cfg, batch, temperature, chunk, logp)               # (B, R)
+    sampled, teacher_logp, distilled, advantages, base = _sample_tensors(chunk, R, device)
+    old_logp = (logp.detach() if old is None else sampled if isinstance(old, str) else
+                _pad([old[id(s)] for s in chunk], R).to(device))                            # (B, R)
+    if base is not None:  # Δ on one numeric path: the teacher engine's log π_T − log π_old + the trainer's
+        teacher_logp = teacher_logp - base + (logp.detach() if first else old_logp)
+    # the reverse-kl term's ρ: 1 on the weights that sampled, else π_θ / π_old (detached, capped)
+    sd_rho = None if first else torch.exp(torch.clamp(logp.detach() - old_logp, max=math.log(cfg.sd_is_cap)))
+    # truncated IS of the sampler-trainer mismatch: min(π_old / π_sampler, C) per token (0 = off)
+    tis = torch.exp(old_logp - sampled).clamp(max=cfg.tis_cap) if cfg.tis_cap else None
+    return TokenTerms(logp, old_logp, ref_logp, teacher_logp, distilled * mask, advantages, entropy, sd_rho,
+                      tis, sampled), mask
 
 
 # ---- what `update` leaves off the loss's page: batching, rank agreements, bookkeeping --------------------
@@ -287,9 +316,10 @@ def _normalisers(mb: list[Sample], cfg: GRPOConfig, world) -> tuple[float, float
 
 
 def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, world, pad_id: int,
-                        temperature: float, autocast, backward: bool = True):
+                        temperature: float, backward: bool = True):
     """The mini-batch's length-sorted micro-batches (at most --grpo.micro-batch-tokens padded tokens each),
-    each yielded inside DDP's no_sync but the last (gradients accumulate, then sync once). Every rank runs as
+    each yielded inside DDP's no_sync (FSDP2: without gradient sync) but the last (gradients accumulate, then
+    sync once). Every rank runs as
     many passes (DDP syncs on the last, FSDP gathers parameters on each, the policy's and the sharded
     reference's): a rank with fewer micro-batches runs zero-loss passes of one pad token instead (forward
     only with `backward` False)."""
@@ -297,103 +327,62 @@ def _micro_batch_passes(model, ref_model, mb: list[Sample], cfg: GRPOConfig, wor
     n_passes = world.all_max(len(chunks))
     for c in range(n_passes):
         last = c == n_passes - 1
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last pass only
+            model.set_requires_gradient_sync(last)
         with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
             if c < len(chunks):
                 yield [mb[i] for i in chunks[c]]
                 continue
-            batch = collate([[pad_id]], [[pad_id]], pad_id).to(next(model.parameters()).device)
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature)
-                if backward:
-                    _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
+            batch, logp, _ = score(model, [[pad_id]], [[pad_id]], pad_id, temperature, bf16=cfg.bf16)
+            if backward:
+                _ref_logprobs(ref_model, cfg, batch, temperature, None, logp)  # as a real pass (FSDP)
             if backward:
                 (logp.sum() * 0.0).backward()
 
 
 @torch.no_grad()
 def _recompute_old(model, ref_model, minis: list[list[Sample]], cfg: GRPOConfig, world, pad_id: int,
-                   temperature: float, autocast) -> dict[int, list[float]]:
+                   temperature: float) -> dict[int, list[float]]:
     """log π_old(y_t) of every turn-sample (by id) from the trainer's weights before the first step, over the
     same micro-batches as the update's passes (every rank runs as many: DDP and FSDP forwards are
     collectives)."""
-    out, device = {}, next(model.parameters()).device
+    out = {}
     for mb in minis:
-        passes = _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, autocast,
-                                     backward=False)
+        passes = _micro_batch_passes(model, ref_model, mb, cfg, world, pad_id, temperature, backward=False)
         for chunk in passes:
-            batch = collate([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id).to(device)
-            allowed = [s.allowed for s in chunk] if any(s.allowed is not None for s in chunk) else None
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature, allowed=allowed)               # (B, R)
-            for row, s in enumerate(chunk):
-                out[id(s)] = logp[row, :len(s.response_ids)].float().tolist()
+            rows = score_rows(model, [s.prompt_ids for s in chunk], [s.response_ids for s in chunk],
+                              [range(len(chunk))], pad_id, temperature, [s.allowed for s in chunk], cfg.bf16)
+            out.update(zip(map(id, chunk), rows))
     return out
 
 
-def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, allowed, logp):
-    """log π_ref of the sampled tokens (no gradient), or logp.detach() (a KL of 0) without a KL anchor."""
+def _ref_logprobs(ref_model, cfg: GRPOConfig, batch, temperature: float, chunk, logp):
+    """log π_ref of the sampled tokens (no gradient; on the batch `score` built for `chunk`'s samples, in the
+    trainer's precision), or logp.detach() (a KL of 0) without a KL anchor."""
     if cfg.kl_coef <= 0 or ref_model is None:
         return logp.detach()
-    with torch.no_grad():
+    allowed = [s.allowed for s in chunk] if chunk and any(s.allowed is not None for s in chunk) else None
+    with torch.no_grad(), precision(batch.input_ids.device, cfg.bf16):
         return token_logprobs(ref_model, batch, temperature, allowed=allowed)[0]
 
 
 def _sample_tensors(mb: list[Sample], R: int, device):
     """The turn-samples' recorded lists as tensors: sampling log-probs (B, R), teacher log-probs (B, R; 0 off
-    the distilled turns), which turns are distilled (B, 1), advantages (B,)."""
+    the distilled turns), which turns are distilled (B, 1), advantages (B,), and the teacher engine's
+    log-probs of the student's own prompt (B, R), or None where no turn has them (a teacher on the trainer's
+    path)."""
     sampled = _pad([s.sample_logprobs for s in mb], R).to(device)
     teacher = _pad([s.teacher_logprobs or [] for s in mb], R).to(device)
     distilled = torch.tensor([[1.0] if s.teacher_logprobs is not None else [0.0] for s in mb], device=device)
     advantages = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
-    return sampled, teacher, distilled, advantages
+    bases = [s.teacher_base_logprobs for s in mb]
+    base = _pad([b or [] for b in bases], R).to(device) if any(b is not None for b in bases) else None
+    return sampled, teacher, distilled, advantages, base
 
 
-def _empty_sums() -> dict:
-    """The summed stats of an update, the same keys on every rank (reduced in actor_metrics)."""
-    return dict.fromkeys(["pg_loss", "sd_loss", "kl", "entropy", "clipfrac", "ratio", "gap", "gate", "sd_rho",
-                          "rollout_logprob_gap", "tokens", "sd_tokens",
-                          "grad_norm_grpo", "grad_norm_sd", "grad_norm_measured"], 0.0)
-
-
-def _add_stats(sums: dict, terms: dict, mask, sd_mask, sampled, logp) -> None:
-    """Add a micro-batch's per-token terms (summed over its response tokens) to `sums`, and the gap between
-    the rollout engine's sampling log-probs and this forward on the same tokens (rounding only in float32)."""
-    for k, v in terms.items():
-        sums[k] += float((v.detach() * mask).sum())
-    sums["rollout_logprob_gap"] += float(((sampled - logp.detach()).abs() * mask).sum())
-    sums["tokens"] += float(mask.sum())
-    sums["sd_tokens"] += float(sd_mask.sum())
-
-
-def actor_metrics(sums: dict, world, grad_norms: list[float], lr: float, skips: int, streak: int) -> dict:
-    """The logged actor/ numbers from the summed stats: token means over every rank's tokens (the same meaning
-    as in one process); per distilled token for the SD ones; the term gradient norms averaged over the ranks
-    that measured them; the optimizer steps taken and skipped."""
-    reduced = {k: world.all_sum(sums[k]) for k in sorted(sums)}  # the same order on every rank
-    sums = {k: reduced[k] for k in sums}
-    n_tok, n_sd, n_gn = sums.pop("tokens"), sums.pop("sd_tokens"), sums.pop("grad_norm_measured")
-    per_sd = ("sd_loss", "gap", "gate", "sd_rho", "grad_norm_grpo", "grad_norm_sd")
-    out = {f"actor/{k}": v / max(n_tok, 1) for k, v in sums.items() if k not in per_sd}
-    out["actor/sd_loss"] = sums["sd_loss"] / max(n_sd, 1)
-    out["actor/sd_gap"] = sums["gap"] / max(n_sd, 1) if n_sd else math.nan  # teacher − current policy
-    out["actor/sd_gate"] = sums["gate"] / max(n_sd, 1) if n_sd else math.nan  # mean gate (1: ungated forms)
-    out["actor/sd_is_ratio"] = sums["sd_rho"] / max(n_sd, 1) if n_sd else math.nan  # mean ρ of reverse-kl
-    g_pg, g_sd = (math.nan, math.nan) if not n_gn else (sums["grad_norm_grpo"] / n_gn,
-                                                         sums["grad_norm_sd"] / n_gn)
-    out.update({"actor/grad_norm_grpo": g_pg, "actor/grad_norm_sd": g_sd,
-                # NaN = not measured: no SD term, no measurement, or no GRPO signal to compare with (every
-                # advantage of the measured mini-batch 0: its GRPO gradient is exactly 0)
-                "actor/sd_grpo_grad_ratio": g_sd / g_pg if n_sd and g_pg > 0 else math.nan,
-                "actor/tokens": n_tok,
-                "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
-                "actor/lr": lr, "actor/optimizer_steps": len(grad_norms),
-                "actor/nonfinite_skips": skips, "actor/nonfinite_streak": streak})
-    return out
-
-
-def _clip_grad_norm(model, max_norm: float) -> float:
+def _clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: DTensor
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
 
 
 def _guarded_step(optimizer, loss: float, grad_norm: float, streak: int, cfg: GRPOConfig, world) -> int:

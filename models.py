@@ -6,9 +6,12 @@ engine.
   caller).
 - `chat_ids` is the token ids of one user message with the generation prompt (every turn is one user message).
 - `collate` / `token_logprobs` / `micro_batches`: the [left-padded prompt | right-padded response] batch, the
-  log-prob of every response token, and length-aware packing; the update (grpo.py) and the teacher
-  (teacher.py) share them. `token_logprobs` runs the lm_head and the float32 log-softmax over chunks of
-  response tokens (bounded memory).
+  log-prob of every response token, and length-aware packing. `token_logprobs` runs the lm_head and the
+  float32 log-softmax over chunks of response tokens (bounded memory).
+- `score` / `score_rows`: the trainer's one scoring path (collate, allowed ids, `precision`, token_logprobs;
+  the loop over micro-batches): the update and π_old (grpo.py) and the hf teacher (teacher.py) all score
+  through it, so a difference of their log-probs carries no difference of engine, precision or code.
+- Restricted decoding (tries of allowed responses) lives in restricted.py.
 - `HFEngine.generate` samples responses for a batch of chat-templated prompts with transformers' `generate`
   and returns, per response, the token ids and the sampling log-probs log softmax(logits / T) of each sampled
   token (the same quantity `token_logprobs` computes in training, so the PPO ratio starts at 1), computed on
@@ -27,6 +30,9 @@ import torch
 import torch.utils.checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
+
+from restricted import (DeterminedStop, TrieLogitsProcessor, action_trie, allowed_ids,  # noqa: F401
+                        allowed_per_position, chunk_mask, forced_path, walk)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -81,10 +87,14 @@ class Batch:
     position_ids: torch.Tensor    # (B, P+R)
     response_ids: torch.Tensor    # (B, R)
     response_mask: torch.Tensor   # (B, R) 1 on sampled tokens
+    token_rows: torch.Tensor      # (N,) row of each sampled token, row-major (as response_mask.nonzero())
+    token_cols: torch.Tensor      # (N,) its response position
+    positions: list               # the same N (row, position) pairs on the host: no device read needed
 
     def to(self, device):
         return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                              self.response_ids, self.response_mask)))
+                                              self.response_ids, self.response_mask, self.token_rows,
+                                              self.token_cols)), self.positions)
 
 
 def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
@@ -97,7 +107,11 @@ def collate(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
         attention_mask[i, P - len(p):P + len(r)] = 1
         response_mask[i, :len(r)] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask)
+    positions = [[i, t] for i, r in enumerate(responses) for t in range(len(r))]
+    rows, cols = (torch.tensor(x, dtype=torch.long) for x in zip(*positions)) if positions else (
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    return Batch(input_ids, attention_mask, position_ids, input_ids[:, P:], response_mask, rows, cols,
+                 positions)
 
 
 LOGPROB_CHUNK_TOKENS = 512
@@ -118,15 +132,14 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     recomputed in backward (activation checkpointing), so neither pass holds more than one chunk's (tokens,
     V)."""
     R = batch.response_ids.shape[1]
-    sel = batch.response_mask.bool()                                          # (B, R) real response tokens
+    rows, cols, positions = batch.token_rows, batch.token_cols, batch.positions  # the N real response tokens
     source, head = _response_states(model, batch, R)                          # (B, R, H) or (B, R, V) logits
-    source, targets = source[sel], batch.response_ids[sel]                    # (N, ·), (N,)
-    positions = sel.nonzero().tolist()                                        # (b, t) of each of the N tokens
+    source, targets = source[rows, cols], batch.response_ids[rows, cols]      # (N, ·), (N,): no host sync
     V = source.shape[-1] if head is None else head.weight.shape[0]
     logps, entropies = [], []
     for i in range(0, len(positions), chunk_tokens):
         chunk = slice(i, i + chunk_tokens)
-        keep = _chunk_mask(allowed, positions[chunk], V, source.device) if allowed is not None else None
+        keep = chunk_mask(allowed, positions[chunk], V, source.device) if allowed is not None else None
         args = (head, source[chunk], targets[chunk], keep, temperature, with_entropy)
         if torch.is_grad_enabled() and source.requires_grad:  # recompute the chunk in backward
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
@@ -134,11 +147,11 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
             lp, ent = _chunk_logprobs(*args)
         logps.append(lp)
         entropies.append(ent)
-    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)   # (B, R)
-    logp = zeros.masked_scatter(sel, torch.cat(logps)) if logps else zeros
+    zeros = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=rows.device)   # (B, R)
+    logp = zeros.index_put((rows, cols), torch.cat(logps)) if logps else zeros
     entropy = None
     if with_entropy:
-        entropy = zeros.masked_scatter(sel, torch.cat(entropies)) if entropies else zeros
+        entropy = zeros.index_put((rows, cols), torch.cat(entropies)) if entropies else zeros
     return logp, entropy
 
 
@@ -184,6 +197,39 @@ def _chunk_logprobs(head, source, targets, keep, temperature: float, with_entrop
     return logp, -(logp_all.exp() * finite).sum(-1)
 
 
+def precision(device: torch.device, bf16: bool):
+    """The context the trainer's forwards run in (the update, π_old, the hf teacher): bfloat16 autocast on
+    CUDA with `bf16` (GRPOConfig.bf16), float32 elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
+
+
+def score(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int, temperature: float = 1.0,
+          allowed: list | None = None, bf16: bool = True, with_entropy: bool = False):
+    """One scoring micro-batch, the trainer's one numeric path: collate, the rows' allowed ids (None when
+    every row is free), `precision`, `token_logprobs`. Returns (batch, logp (B, R), entropy (B, R) or None),
+    on the model's device."""
+    device = next(model.parameters()).device
+    batch = collate(prompts, responses, pad_id).to(device)
+    allowed = allowed if allowed is not None and any(a is not None for a in allowed) else None
+    with precision(device, bf16):
+        logp, entropy = token_logprobs(model, batch, temperature, with_entropy=with_entropy, allowed=allowed)
+    return batch, logp, entropy
+
+
+def score_rows(model, prompts: list[list[int]], responses: list[list[int]], chunks, pad_id: int,
+               temperature: float = 1.0, allowed: list | None = None, bf16: bool = True) -> list[list[float]]:
+    """The scoring loop: each chunk of indices (`micro_batches`) through `score`, each row sliced to its
+    response's length; log-probs per response, in input order."""
+    out: list[list[float]] = [[] for _ in prompts]
+    for idx in chunks:
+        rows = [allowed[i] for i in idx] if allowed is not None else None
+        _, logp, _ = score(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id, temperature,
+                           rows, bf16)
+        for row, i in enumerate(idx):
+            out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
+    return out
+
+
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Length-aware packing: sort by length, then fill each micro-batch while count × max_len ≤ budget."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -194,99 +240,6 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
             cur = []
         cur.append(i)
     return chunks + [cur] if cur else chunks
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Restricted decoding (`--rollout.action-space admissible`, a CPU-scale option): the response is one of a
-# list of allowed responses (the turn's admissible commands). The allowed tokens at a response position are a
-# function of that list and of the response prefix, so sampling, the teacher and the update apply the same
-# mask, and the PPO ratio is exactly 1 on-policy.
-
-
-def action_trie(tokenizer, responses: list[str]) -> dict:
-    """Prefix tree {token id: subtree} over the token ids of every allowed response, each followed by EOS."""
-    root: dict = {}
-    for text in responses:
-        node = root
-        for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]:
-            node = node.setdefault(t, {})
-    return root
-
-
-def allowed_ids(trie: dict, prefix: list[int]) -> list[int]:
-    """Token ids the trie allows after `prefix` ([] once the prefix has left the trie or ended)."""
-    node = trie
-    for t in prefix:
-        node = node.get(t)
-        if node is None:
-            return []
-    return list(node)
-
-
-def allowed_per_position(trie: dict, response_ids: list[int]) -> list[list[int]]:
-    """The allowed ids at every position of a response sampled under `trie` (what the update and teacher
-    reuse)."""
-    return [allowed_ids(trie, response_ids[:t]) for t in range(len(response_ids))]
-
-
-def _chunk_mask(allowed: list[list[list[int]] | None], positions: list[list[int]], V: int,
-                device) -> torch.Tensor:
-    """(n, V) bool for the (row, position) pairs of one chunk, True where a token is allowed (free rows:
-    all)."""
-    keep = torch.ones(len(positions), V, dtype=torch.bool)
-    for k, (b, t) in enumerate(positions):
-        if allowed[b] is not None and t < len(allowed[b]):
-            keep[k] = False
-            keep[k, allowed[b][t]] = True
-    return keep.to(device)
-
-
-def forced_path(node: dict) -> tuple[list[int], dict]:
-    """The tokens a trie node forces (its chain of single children) and the node where the chain ends: {} when
-    the chain runs through EOS, i.e. the rest of the response is determined."""
-    path = []
-    while len(node) == 1:
-        (token, node), = node.items()
-        path.append(token)
-    return path, node
-
-
-def _walk(node: dict, tokens: list[int]) -> dict:
-    for t in tokens:
-        node = node.get(t, {})
-    return node
-
-
-class DeterminedStop:
-    """A transformers stopping criterion for restricted decoding: a row stops as soon as its trie allows only
-    one way to finish (`forced_path` ends in {}); `stops[b]` is how many tokens row b sampled. The forced rest
-    costs no decode step: its restricted log-probs are exactly 0 (one allowed token), as the update recomputes
-    them."""
-
-    def __init__(self, tries: list[dict], start: int):
-        self.tries, self.start, self.stops = tries, start, [None] * len(tries)
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        done = torch.zeros(len(self.tries), dtype=torch.bool)
-        for b, trie in enumerate(self.tries):
-            if self.stops[b] is None and not forced_path(_walk(trie, input_ids[b, self.start:].tolist()))[1]:
-                self.stops[b] = input_ids.shape[1] - self.start
-            done[b] = self.stops[b] is not None
-        return done.to(input_ids.device)
-
-
-class TrieLogitsProcessor:
-    """A transformers logits processor: -inf outside each row's trie (`start` = the first response column)."""
-
-    def __init__(self, tries: list[dict], start: int):
-        self.tries, self.start = tries, start
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        keep = torch.zeros_like(scores, dtype=torch.bool)
-        for b, trie in enumerate(self.tries):
-            ids = allowed_ids(trie, input_ids[b, self.start:].tolist())
-            keep[b, ids if ids else slice(None)] = True  # a row that has ended is padding: left free
-        return scores.masked_fill(~keep, float("-inf"))
 
 
 class LogprobRecorder:
@@ -351,9 +304,7 @@ def generation_autocast(device: torch.device, bf16: bool, static_cache: bool):
     transformers' static cache stores a layer's keys and values in one dtype (the keys'), and under autocast
     Qwen3's normed keys come out float32 beside bfloat16 values, so bf16 + static cache fails on its first
     write; with a static cache, sampling stays float32."""
-    if bf16 and device.type == "cuda" and not static_cache:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+    return precision(device, bf16 and not static_cache)
 
 
 class HFEngine:
@@ -399,7 +350,7 @@ class HFEngine:
             responses = []
             for i, (prefix, node) in enumerate(heads):
                 ids, lp = sampled.get(i, ([], []))
-                rest, left = forced_path(_walk(node, ids))
+                rest, left = forced_path(walk(node, ids))
                 rest = [] if left else rest  # determined: the forced rest; else it ran out of max_new_tokens
                 response = (prefix + ids + rest)[:limit]
                 responses.append((response, ([0.0] * len(prefix) + lp + [0.0] * len(rest))[:limit]))

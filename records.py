@@ -68,6 +68,7 @@ class Turn:
     # added by the later stages
     match: Match | None = None                   # router: the reference position to distil (None: GRPO only)
     teacher_logprobs: list[float] | None = None  # teacher: on distilled turns only
+    teacher_base_logprobs: list[float] | None = None  # teacher on vLLM: the student's prompt, scored there
     advantage: float = 0.0                       # GRPO advantage of the turn's score
 
     @property

@@ -48,6 +48,9 @@ class RolloutConfig:
     update): a CPU-scale choice for tiny models, hf engine and require_think=False only"""
     vllm_gpu_memory: float = 0.5
     """vllm engine: share of GPU memory for weights + KV cache (it sleeps during the update)"""
+    vllm_sleep_level: Literal[1, 2] = 2
+    """vllm engine on CUDA: sleep level during the update: 2 drops the weights (reloaded at the sync), 1 keeps
+    them in host memory (avoids level-2's reload issues: scale/vllm_engine.sync_warning)"""
 
 
 @dataclass

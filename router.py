@@ -59,9 +59,10 @@ class RouterConfig:
     of envs.observation_signature, for any environment), history (last h pairs + observation), history-full
     (same prefix), random (control), with-reference (FullPath-SD: every turn of a task with a reference),
     every-turn (reference or not), none; None = set by --algo"""
-    context: Literal["trajectory", "summary", "candidate", "smrc", "skill"] | None = None
+    context: Literal["trajectory", "summary", "candidate", "smrc", "skill", "none"] | None = None
     """teacher context: trajectory (FullPath-SD), summary (+state), candidate (+candidate action), smrc
-    (trajectory + state + candidate: SMRC-SD), skill (skill files); None = set by --algo"""
+    (trajectory + state + candidate: SMRC-SD), skill (skill files), none (control: exactly the student's
+    prompt, so Δ = 0); None = set by --algo"""
     history_window: int | None = None
     """h of the `history` matcher: (observation, action) pairs compared; None = the env's prompt
     history_length"""
@@ -375,6 +376,7 @@ CONTEXT_BLOCKS = {  # which blocks each ablation variant shows, in this order, j
     "candidate": ("trajectory", "candidate"),
     "smrc": ("trajectory", "summary", "candidate"),
     "skill": ("skills",),
+    "none": (),  # the null-context control: the teacher sees exactly the student's prompt (no closing line)
 }
 SKILLS_DIR = Path(__file__).resolve().parent / "skills"  # <env>/general.md and <env>/<task_type>.md
 
@@ -423,6 +425,8 @@ def teacher_context(variant: str, ref: Trajectory | None, match: Match | None, s
     variants that show the candidate action, `ref` by those that show the trajectory, `skills` (skill_text) by
     skill.
     """
+    if variant == "none":
+        return TeacherContext((), ())
     blocks = []
     for block in context_blocks(variant):
         if block == "skills":

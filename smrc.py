@@ -51,7 +51,7 @@ from config import (ALGOS, Config, config_from_run, default_sd_coef, parse_confi
 from measure.step_readings import step_readings
 from models import HFEngine, load_model
 from records import StepRecord, Trajectory, Turn
-from scale import distributed, lora
+from scale import distributed, lora, vllm_engine
 from scale.lifecycle import Lifecycle, started
 from scale.vllm_engine import VLLMEngine
 
@@ -124,6 +124,9 @@ def train_step(cfg: Config, life: Lifecycle, run: Run, step: int) -> None:
                             world=world, nonfinite_streak=life.nonfinite)
     # 8. sync the rollout engine; log, archive the turns, validate and checkpoint when due
     life.at(step, "weight sync")
+    if cfg.rollout.engine == "vllm" and (line := vllm_engine.sync_warning(
+            actor["actor/rollout_logprob_gap"], step + 1, cfg.rollout.vllm_sleep_level)):
+        distributed.print0(life.world, line)  # the last sync's samples are far from the trainer
     run.engine.sync_weights(run.model)
     times = {"step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update}
     life.end_step(run, step + 1, StepRecord(episodes, counters, sd_counts, measured, audited, times, actor))
@@ -209,7 +212,7 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
     if adapters:  # student and teacher: base + adapters; the optimizer holds the adapters only
         model = lora.load_adapters(model, ckpt) if ckpt else lora.add_adapters(model, cfg.lora)
         distributed.print0(world, lora.describe(model, cfg.lora))
-    model = distributed.wrap(model, world, cfg.dist.strategy)
+    model = distributed.wrap(model, world, cfg.dist.strategy, cfg.grpo.bf16)
     if adapters and cfg.grpo.kl_coef > 0:  # KL anchor = the same model with its adapters off: no copy
         ref_model = lora.AdaptersOff(distributed.unwrap(model))
     elif ref_model is not None:
@@ -221,7 +224,8 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
         start_from = str(ckpt) if ckpt and not adapters else model_path  # LoRA: the base, then the sync
         engine = VLLMEngine(start_from, tokenizer, cfg.rollout.sampling,
                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory, seed=cfg.seed + world.rank,
-                            torchrun=world.enabled)
+                            torchrun=world.enabled, limits=vllm_limits(cfg, world.world_size),
+                            sleep_level=cfg.rollout.vllm_sleep_level)
         engine.sync_weights(model)
         distributed.print0(world, "[vllm] " + ", ".join(f"rank {r}: {where}" for r, where in
                                                         enumerate(world.gather(engine.placement()))))
@@ -230,6 +234,15 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
                           cfg.rollout.gen_batch_size, bf16=cfg.grpo.bf16)
     return cfg, Run(train_tasks=life.train_tasks, model=model, tokenizer=tokenizer, ref_model=ref_model,
                     optimizer=optimizer, bank=bank, engine=engine)
+
+
+def vllm_limits(cfg: Config, world_size: int) -> dict:
+    """vLLM sized from the run (scale/vllm_engine.engine_limits): the longest prompt it is given (teacher
+    prompts too when it scores the teacher), the response, this rank's share of the rollout batch."""
+    longest = max(cfg.rollout.max_prompt_tokens,
+                  cfg.teacher.max_prompt_tokens if cfg.teacher.backend == "vllm" else 0)
+    batch = -(-cfg.rollout.tasks_per_step * cfg.rollout.group_size // world_size)
+    return vllm_engine.engine_limits(longest, cfg.rollout.sampling.max_new_tokens, batch)
 
 
 def banner(cfg: Config, life: Lifecycle, run: Run) -> None:

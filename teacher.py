@@ -17,7 +17,11 @@ stats; the backend only turns (prompt ids, response ids) pairs into log-probs:
   log-prob of the first response token comes from the last teacher-prefix position whatever the prefix length
   (the off-by-one trap of verl's on-policy distillation recipe; tested against a hand-sliced forward).
 - vllm (`vllm_logprob_fn`): prompt log-probs on the (synced) vLLM rollout engine
-  (`VLLMEngine.score_logprobs`).
+  (`VLLMEngine.score_logprobs`). Its numbers differ from the trainer's (bf16 weights, other kernels), so the
+  student's own prompt is scored there too (`base_logprobs`) and Δ is composed from differences taken within
+  one engine (grpo.py); sd/gap_sum is then log π_T − log π_old on vLLM's path.
+- Null context (`--router.context none`): the teacher prompt is the student's own prompt ids, so Δ must be 0
+  on every token (tests/test_sd_delta.py).
 
 Length budget: a teacher prompt longer than `max_prompt_tokens` is never truncated (SDAR left-truncates
 silently). That turn falls back to GRPO only and is counted (`sd/over_length_turns`).
@@ -38,7 +42,6 @@ measure/candidate_gain.py (log π_T(c) − log π_θ(c), two extra scoring passe
 
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -46,7 +49,7 @@ import torch
 
 import envs
 import router
-from models import chat_ids, collate, micro_batches, token_logprobs
+from models import chat_ids, micro_batches, score_rows
 from records import Turn
 
 # (prompts, responses, allowed ids per response position or None) -> log-probs
@@ -58,7 +61,8 @@ ORACLE_FLOOR = math.log(1e-6)  # the oracle's log-prob where it is 0 (α = 1, th
 class TeacherConfig:
     backend: Literal["auto", "hf", "vllm"] = "auto"
     """hf: a transformers forward on the policy module; vllm: prompt_logprobs on the (synced) vLLM rollout
-    engine; auto = the rollout engine's kind (vllm scores on that same engine)"""
+    engine; auto = hf (measured cheaper per distilled turn: bench/results/teacher_scale), vllm under FSDP with
+    a vLLM engine (every FSDP forward is a collective)"""
     max_prompt_tokens: int = 8192
     """teacher prompt budget (context + student prompt); longer prompts route the turn to GRPO, never
     truncate"""
@@ -91,19 +95,10 @@ def hf_logprob_fn(model, pad_id: int, micro_batch_tokens: int, temperature: floa
     carries no precision difference; float32 on CPU."""
     @torch.no_grad()
     def logprob_fn(prompts: list[list[int]], responses: list[list[int]], allowed=None) -> list[list[float]]:
-        out: list[list[float]] = [[] for _ in prompts]
-        device = next(model.parameters()).device
-        on_cuda = bf16 and device.type == "cuda"
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
         was_training = model.training
         model.eval()
-        for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens):
-            batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
-            rows = [allowed[i] for i in idx] if allowed is not None else None
-            with autocast:
-                logp, _ = token_logprobs(model, batch, temperature, allowed=rows)  # (B, R)
-            for row, i in enumerate(idx):
-                out[i] = logp[row, :len(responses[i])].float().cpu().tolist()
+        chunks = micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], micro_batch_tokens)
+        out = score_rows(model, prompts, responses, chunks, pad_id, temperature, allowed, bf16)
         model.train(was_training)
         return out
     return logprob_fn
@@ -182,14 +177,27 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
         t.teacher_logprobs = lp
         if lp is not None:
             gap_sum += sum(a - b for a, b in zip(lp, t.sample_logprobs))
+    if cfg.backend == "vllm" and cfg.oracle == 0:  # Δ on one numeric path: the student's prompt on vLLM too
+        gap_sum = base_logprobs([t for t in picked if t.teacher_logprobs is not None], logprob_fn)
     distilled = [t for t in picked if t.teacher_logprobs is not None]
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(t.response_ids) for t in distilled)})
     return stats
 
 
+def base_logprobs(turns: list[Turn], logprob_fn: LogprobFn) -> float:
+    """A teacher on another engine than the trainer (vLLM): log π_old of each scored turn's response under
+    the student's own prompt, on that same engine (turn.teacher_base_logprobs; grpo.py composes Δ from it).
+    Returns Σ log π_T − log π_old on that one path, the distilled tokens' gap."""
+    for t, lp in zip(turns, logprob_fn([t.prompt_ids for t in turns], [t.response_ids for t in turns], None)):
+        t.teacher_base_logprobs = lp
+    return sum(a - b for t in turns for a, b in zip(t.teacher_logprobs, t.teacher_base_logprobs))
+
+
 def teacher_prompts(turns: list[Turn], context: str, tokenizer) -> list[list[int]]:
     """The teacher prompt ids of matched turns (turn.match) under the teacher-context variant `context`."""
+    if context == "none":  # the null-context control: exactly the student's prompt ids
+        return [list(t.prompt_ids) for t in turns]
     with_skills = "skills" in router.context_blocks(context)  # skill text: by the turn's env and task type
     return [teacher_prompt_ids(tokenizer, router.teacher_context(
         context, t.match.ref, t.match, t.step.signature,

@@ -8,7 +8,10 @@
 #      mem/* per phase beside the plan (scale/memory_plan.py);
 #   3. CUDA: the tiny preset's smrc.py, 3 steps from v21's committed weights (no build), under python and
 #      under torchrun --nproc_per_node 1 (NCCL); each run's metrics.jsonl under $OUT;
-#   4. bench/decode.py: ms per decode step of the generation variants.
+#   4. bench/decode.py: ms per decode step of the generation variants;
+#   5. the null-context Δ on CUDA in bf16 autocast (tests/test_sd_delta.py -k cuda: the teacher sees the
+#      student's own prompt, so Δ must be 0 up to bf16 rounding; its max |Δ| and the SD gradient printed).
+# Limits sum to 590 s. Each phase's measured peak beside the plan: the memory stage's report (bench/step.py).
 # FULL=1 adds bench/step.py's GRPO-vs-SMRC-SD step timing (5 more minutes). An offline GPU node needs
 # `bash ../shared/tools/gpu_site.sh` run here first:
 #     PYTHONPATH=.gpu-site:. bash bench/gpu_check.sh
@@ -25,7 +28,7 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$OUT/stages.txt"
 }
-stage machine 30 bash -c "nvidia-smi; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \
+stage machine 20 bash -c "nvidia-smi; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(), \"transformers\", transformers.__version__)'"
 stage memory 300 "$PY" bench/step.py --arch qwen3-1.7b --algos smrc-sd --steps 2 --floor-repeats 0 \
   --json "$OUT/memory.json" -- --rollout.sampling.max-new-tokens 128 --rollout.max-prompt-tokens 2048
@@ -34,5 +37,6 @@ TINY=(smrc.py --preset tiny --steps 3 --save-every 3 --device cuda
 stage cuda_python 75 "$PY" "${TINY[@]}" --output-dir "$OUT/cuda_python"
 stage cuda_torchrun 75 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "${TINY[@]}" \
   --output-dir "$OUT/cuda_torchrun"
-stage decode 90 "$PY" bench/decode.py --json "$OUT/decode.json"
+stage decode 60 "$PY" bench/decode.py --json "$OUT/decode.json"
+stage sd_delta 60 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_sd_delta.py -k cuda
 if [ "${FULL:-0}" = 1 ]; then stage step 300 "$PY" bench/step.py --arch qwen3-1.7b --json "$OUT/step.json"; fi

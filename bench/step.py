@@ -48,7 +48,7 @@ import teacher  # noqa: E402
 from embedded import tiny  # noqa: E402
 from environments.pool import EnvPool  # noqa: E402
 from measure import candidate_gain  # noqa: E402
-from models import collate, generation_autocast, micro_batches, token_logprobs  # noqa: E402
+from models import micro_batches, score  # noqa: E402
 from scale import distributed, memory_plan, preflight  # noqa: E402
 from scale.lifecycle import Lifecycle  # noqa: E402
 from scale.memory import peak_bytes, reset_peak  # noqa: E402
@@ -178,21 +178,20 @@ def _sync(device: torch.device) -> None:
 def forward_floor(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int, budget: int,
                   temperature: float, backward: bool = False, bf16: bool = True) -> float:
     """Seconds of one bare batched pass over (prompt + response) pairs: the response tokens' log-probs
-    (token_logprobs, no mask, no entropy) in micro-batches of `budget` padded tokens; with `backward`,
+    (models.score, no mask, no entropy) in micro-batches of `budget` padded tokens; with `backward`,
     forward + backward of their sum (the gradients are dropped after, nothing is stepped). 0 when there is
     nothing to pass."""
     if not prompts:
         return 0.0
     device = next(model.parameters()).device
-    autocast = generation_autocast(device, bf16, static_cache=False)  # the update's bf16 autocast on CUDA
     was_training = model.training
     model.train(backward)
     _sync(device)
     t0 = time.perf_counter()
     for idx in micro_batches([len(p) + len(r) for p, r in zip(prompts, responses)], budget):
-        batch = collate([prompts[i] for i in idx], [responses[i] for i in idx], pad_id).to(device)
-        with torch.set_grad_enabled(backward), autocast:
-            logp, _ = token_logprobs(model, batch, temperature)
+        with torch.set_grad_enabled(backward):  # the trainer's scoring path, in the update's precision
+            _, logp, _ = score(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id,
+                               temperature, bf16=bf16)
         if backward:
             logp.sum().backward()
     _sync(device)

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as td
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import resolve_device
@@ -148,17 +148,21 @@ def close(world: World) -> None:
         td.destroy_process_group()
 
 
-def wrap(model, world: World, strategy: str):
-    """DDP (each rank holds the full model) or FSDP (parameters sharded across ranks);
-    identity on one process."""
+def wrap(model, world: World, strategy: str, bf16: bool = True):
+    """DDP (each rank holds the full model) or FSDP (parameters sharded across ranks); identity on one
+    process. As verl: DDP's gradients are views into its buckets (no second gradient-sized buffer); FSDP2 on
+    CUDA with `bf16` gathers bf16 parameters and reduces gradients in float32 (MixedPrecisionPolicy)."""
     if not world.enabled:
         return model
     if strategy == "fsdp":  # FSDP2: each decoder layer, then the root, shards its parameters across ranks
+        mixed = (dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+                 if bf16 and world.device.type == "cuda" else {})
         for layer in getattr(getattr(model, "model", model), "layers", []):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, **mixed)
+        fully_shard(model, **mixed)
         return model
-    return DDP(model, device_ids=[world.local_rank] if world.device.type == "cuda" else None)
+    return DDP(model, device_ids=[world.local_rank] if world.device.type == "cuda" else None,
+               gradient_as_bucket_view=True)
 
 
 def wrap_frozen(model, world: World, strategy: str):

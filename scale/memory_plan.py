@@ -1,32 +1,46 @@
 """Memory plan: the peak of each phase of a training step on one rank, and its parts, from the model's
 config.json alone (no weights) and the run's settings. `python bench/memory_plan.py` prints it; smrc.py
-checks it on CUDA before loading anything (`check_fits`).
+checks it on CUDA before loading anything (`check_fits`). Its purpose is to refuse a run before it dies of
+memory, so it must never plan low: every part it cannot bound without a GPU is planned high (below).
 
 The model (per rank; P parameters from config.json, S = ranks under FSDP else 1; GiB):
 - resident through the step: fp32 weights 4P/S, AdamW's two fp32 moments 8P/S (from the first optimizer step
   on: a first step peaks lower by them), the KL reference P/S × its dtype's bytes (--grpo.ref-dtype; none
-  at --grpo.kl-coef 0);
+  at --grpo.kl-coef 0); DDP's gradient buckets 4P on several ranks (allocated when DDP wraps the model and
+  kept; with gradient_as_bucket_view the gradients are views into them, so the update adds none);
+- on CUDA: the CUDA context with cuBLAS workspaces (CUDA_CONTEXT_GIB), NCCL's buffers on several ranks
+  (NCCL_GIB) and, under vLLM, its CUDA-graph pool (GRAPH_POOL_GIB): none of them is in torch's allocated
+  count, none is measured here; each is a conservative constant;
 - rollout: the transformers engine's KV cache, rows × (prompt + new tokens) × 2 × layers × kv-heads × head-dim
   × 2 B (bf16 on CUDA) plus the prefill of one layer; or vLLM's share of the card (--rollout.vllm-gpu-memory,
   its weights and KV cache), which it holds through the teacher phase too and drops while asleep (update);
-- teacher (transformers backend): one layer's activations over --teacher.micro-batch-tokens, and a log-prob
-  chunk;
-- update: fp32 gradients 4P/S; the term-gradient measurement's buffers (two parameter-sized sums, the new
-  gradient and their sum while adding: 16P bytes; none with --grpo.term-grad-norms off, auto from 100M
-  parameters, or under FSDP); activations of one micro-batch of --grpo.micro-batch-tokens padded tokens: with
-  gradient checkpointing every layer's fp32 input plus one layer recomputed, without it every layer's saved
-  tensors (A bytes a token a layer, below); the reference's forward (one layer at a time, beside them); the
-  log-prob chunk (512 tokens × vocab: the head's output, float32 logits, log-softmax, exp and its gradient,
-  16 B each); bf16 autocast's weight copies (2P without checkpointing, the tied head with it).
+- teacher: on the transformers backend one layer's activations over --teacher.micro-batch-tokens and a
+  log-prob chunk; on vLLM its share plus the prompt_logprobs peak vLLM's profiling does not see: a
+  full-vocabulary log-softmax at every position of a scheduler step (vllm_engine.MAX_BATCHED_TOKENS × V ×
+  PROMPT_LOGPROB_BYTES: the logits, their float32 copy and log-softmax, the rank's comparison);
+- update: fp32 gradients 4P/S (under FSDP with more than one micro-batch the non-final ones keep unsharded
+  gradients, 4P more); the term-gradient measurement's buffers (16P bytes; none with --grpo.term-grad-norms
+  off, auto from 100M parameters, or under FSDP); activations of one micro-batch of --grpo.micro-batch-tokens
+  padded tokens: with gradient checkpointing every layer's fp32 input plus one layer recomputed, without it
+  every layer's saved tensors (A bytes a token a layer, below); the reference's forward; the log-prob chunk
+  (512 tokens × vocab × 16 B); bf16 autocast's weight copies (2P without checkpointing, the tied head with
+  it).
 A layer saves A = 4H (the fp32 residual) + b·(4H + 2·q_dim + 2·kv_dim + 5I) bytes a token, b = 2 under bf16
-autocast, 4 in float32 (CPU): the two norm outputs and attention output, q, k and v with the attention's
-output, and the MLP's gate, up, activation, product and down input. On CPU the plan adds the process itself
-(Python, torch, tokenizer: PROCESS_GIB), since there the measured peak is the resident size.
+autocast, 4 in float32 (CPU). On CPU the plan adds the process itself (PROCESS_GIB; DIST_PROCESS_GIB more for
+a torchrun rank: gloo, torch.distributed), since there the measured peak is the resident size.
+- Unmodelled on CUDA (UNMODELLED_SHARE of the trainer's modelled parts, the vLLM share and the constants
+  excluded): the H200 record's allocated peaks sit 9.7 GiB (15%) above the parts above at both steps, a part
+  found by no reading (allocator rounding, autograd's temporaries, sdpa's masks); until a GPU measures it, it
+  is planned as a share, the smallest round one that covers both records.
 
-Checked against measured peaks (tests/test_memory_plan.py): the SmolLM2-135M CPU run
-(bench/results/memory_smollm2, update 6.80 / 8.12 GiB at steps 1 / 2) and the H200 record
-(bench/results/gpu_h200, random Qwen3-1.7B, 62.8 / 75.7 GiB allocated): each within 15%. An upper bound by
-construction where the run's micro-batches are not full (the plan assumes full ones).
+Held against every measured peak on record (tests/test_memory_plan.py): at or above each and at most 20%
+above: the SmolLM2-135M CPU run (bench/results/memory_smollm2, update 6.80 / 8.12 GiB at steps 1 / 2), the
+H200 record (bench/results/gpu_h200, random Qwen3-1.7B, 62.8 / 75.7 GiB allocated, the step's maximum over
+its phases) and the tiny preset on 2 gloo ranks (bench/results/torchrun_rehearsal.tar.gz, the largest
+mem/update_peak_gb of 10 steps). What it does not hold: a peak above a record's settings' (longer prompts,
+fuller micro-batches than the plan's full ones cannot be, but an allocator's fragmentation over a long run
+can); the CUDA constants and the unmodelled share are readings, not measurements, until bench/gpu_check.sh
+prints each phase's peak beside the plan on a GPU.
 """
 
 import json
@@ -34,7 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 2 ** 30
-PROCESS_GIB = 0.5       # a CPU trainer process before its model: Python, torch, transformers, the tokenizer
+PROCESS_GIB = 0.75      # a CPU trainer process before its model: Python, torch, transformers, the tokenizer
+DIST_PROCESS_GIB = 0.3   # more for a torchrun rank on CPU (gloo, torch.distributed): the 2-rank tiny record
+CUDA_CONTEXT_GIB = 1.0  # the CUDA context and cuBLAS workspaces, outside torch's allocated count (high)
+NCCL_GIB = 1.0          # NCCL communicators' buffers on several ranks (high: NCCL_BUFFSIZE × channels)
+GRAPH_POOL_GIB = 1.0    # vLLM's CUDA-graph pool, planned outside its share (conservative)
+PROMPT_LOGPROB_BYTES = 12  # per token and vocabulary entry of vLLM's prompt_logprobs: bf16 logits 2, float32
+                           # copy 4, log-softmax 4, the rank's comparison 1, rounded up
+UNMODELLED_SHARE = 0.2  # on CUDA, of the trainer's modelled parts (module docstring)
 CHUNK_TOKENS = 512      # models.LOGPROB_CHUNK_TOKENS
 CHUNK_BYTES = 16        # per chunk token and vocabulary entry (module docstring)
 PUBLIC = {  # config.json of the hub models the configs name (public values), for a plan without a download
@@ -116,7 +137,9 @@ LEVERS = {  # the flag that moves each part most
     "gradients": "--dist.strategy fsdp (over more ranks)", "log-prob chunk": "none (512 tokens x vocab)",
     "autocast copies": "--grpo.grad-checkpointing on", "FSDP full logits": "--grpo.micro-batch-tokens",
     "FSDP gathered layers": "none (two layers in full)", "process": "none",
-    "prefill": "--rollout.gen-batch-size", "adapters": "--lora.rank",
+    "prefill": "--rollout.gen-batch-size", "adapters": "--lora.rank", "DDP buckets": "--dist.strategy fsdp",
+    "prompt_logprobs": "--teacher.backend hf", "unmodelled": "--grpo.micro-batch-tokens",
+    "FSDP unsharded gradients": "--grpo.micro-batch-tokens (one micro-batch a mini-batch)",
 }
 
 
@@ -129,8 +152,10 @@ def _choices(cfg, arch: Arch, cuda: bool, nproc: int) -> dict:
     fsdp = cfg.dist.strategy == "fsdp" and nproc > 1
     ref_bytes = getattr(torch, cfg.grpo.ref_dtype).itemsize
     engine = cfg.rollout.engine if cfg.rollout.engine != "auto" else ("vllm" if cuda else "hf")
-    backend = cfg.teacher.backend if cfg.teacher.backend != "auto" else engine
-    return dict(shards=nproc if fsdp else 1, fsdp=fsdp, b=2 if cuda and cfg.grpo.bf16 else 4,
+    backend = cfg.teacher.backend if cfg.teacher.backend != "auto" else (  # as config.resolve decides
+        "vllm" if engine == "vllm" and cfg.dist.strategy == "fsdp" else "hf")
+    return dict(shards=nproc if fsdp else 1, fsdp=fsdp, ddp=nproc > 1 and not fsdp,
+                b=2 if cuda and cfg.grpo.bf16 else 4,
                 ckpt=cfg.grpo.grad_checkpointing == "on",
                 ref_bytes=0 if cfg.grpo.kl_coef <= 0 else ref_bytes,
                 terms=not fsdp and cfg.grpo.term_grad_norms == "on",
@@ -141,29 +166,47 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
     """{phase: {part: GiB}} of one rank at steady state (the optimizer state exists), and `choices`."""
     c, P, a = _choices(cfg, arch, cuda, nproc), arch.params, arch
     S, b = c["shards"], c["b"]
-    resident = {"weights": 4 * P / S, "optimizer": 8 * P / S, "reference": c["ref_bytes"] * P / S}
-    if not cuda:
-        resident["process"] = PROCESS_GIB * GIB
+    resident = {"weights": 4 * P / S, "optimizer": 8 * P / S, "reference": c["ref_bytes"] * P / S,
+                "DDP buckets": 4 * P if c["ddp"] else 0}
     vllm = cfg.rollout.vllm_gpu_memory * gpu_gib * GIB if cuda else 4 * P + 2 * GIB  # CPU: fp32 + 2 GiB KV
-    chunk = CHUNK_TOKENS * a.V * CHUNK_BYTES
-    episodes = -(-cfg.rollout.tasks_per_step // nproc) * cfg.rollout.group_size
-    rows, prompt = min(cfg.rollout.gen_batch_size, episodes), cfg.rollout.max_prompt_tokens
-    seq = prompt + cfg.rollout.sampling.max_new_tokens
+    phases = {name: {**resident, **parts} for name, parts in
+              (("rollout", _rollout(cfg, c, a, nproc, vllm)), ("teacher", _teacher(cfg, c, a, vllm)),
+               ("update", _update(cfg, c, a, cuda)))}
+    if getattr(getattr(cfg, "lora", None), "rank", 0) > 0:
+        phases = with_adapters(phases, cfg, arch, c)
+    for parts in phases.values():
+        parts.update(_fixed(c, cuda, nproc, parts))
+    gib = {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}
+    return {"phases": gib, "choices": c}
+
+
+def _rollout(cfg, c: dict, a: Arch, nproc: int, vllm: float) -> dict:
     if c["engine"] == "vllm":
-        rollout = {"vLLM share": vllm}
-    else:
-        rollout = {"KV cache": rows * seq * 2 * a.L * a.kv_dim * b,
-                   "prefill": rows * prompt * a.layer_bytes(b) + rows * a.V * 4}
-    T_t = cfg.teacher.micro_batch_tokens
-    teacher = ({"vLLM share": vllm} if c["backend"] == "vllm" else
-               {"teacher activations": T_t * (a.layer_bytes(b) + 8 * a.H), "log-prob chunk": chunk})
-    if c["engine"] == "vllm" and c["backend"] != "vllm":
-        teacher["vLLM share"] = vllm  # awake beside the transformers teacher
-    T = cfg.grpo.micro_batch_tokens
-    update = {"gradients": 4 * P / S,
+        return {"vLLM share": vllm}
+    episodes = -(-cfg.rollout.tasks_per_step // nproc) * cfg.rollout.group_size
+    rows, prompt, b = min(cfg.rollout.gen_batch_size, episodes), cfg.rollout.max_prompt_tokens, c["b"]
+    seq = prompt + cfg.rollout.sampling.max_new_tokens
+    return {"KV cache": rows * seq * 2 * a.L * a.kv_dim * b,
+            "prefill": rows * prompt * a.layer_bytes(b) + rows * a.V * 4}
+
+
+def _teacher(cfg, c: dict, a: Arch, vllm: float) -> dict:
+    from scale.vllm_engine import MAX_BATCHED_TOKENS
+    if c["backend"] == "vllm":
+        return {"vLLM share": vllm, "prompt_logprobs": MAX_BATCHED_TOKENS * a.V * PROMPT_LOGPROB_BYTES}
+    parts = {"teacher activations": cfg.teacher.micro_batch_tokens * (a.layer_bytes(c["b"]) + 8 * a.H),
+             "log-prob chunk": CHUNK_TOKENS * a.V * CHUNK_BYTES}
+    if c["engine"] == "vllm":
+        parts["vLLM share"] = vllm  # awake beside the transformers teacher
+    return parts
+
+
+def _update(cfg, c: dict, a: Arch, cuda: bool) -> dict:
+    P, S, b, T = a.params, c["shards"], c["b"], cfg.grpo.micro_batch_tokens
+    update = {"gradients": 0 if c["ddp"] else 4 * P / S,  # DDP: views into its buckets (resident)
               "activations": (T * (a.L * 4 * a.H + a.layer_bytes(b)) if c["ckpt"]
                               else T * a.L * a.layer_bytes(b)),
-              "log-prob chunk": chunk}
+              "log-prob chunk": CHUNK_TOKENS * a.V * CHUNK_BYTES}
     if c["ref_bytes"]:
         update["reference forward"] = T * a.layer_bytes(b)
     if c["terms"]:
@@ -171,15 +214,23 @@ def plan(cfg, arch: Arch, cuda: bool = True, gpu_gib: float = 80.0, nproc: int =
     if cuda and cfg.grpo.bf16:
         update["autocast copies"] = 2 * a.V * a.H if c["ckpt"] else 2 * P
     if c["fsdp"]:
-        new = cfg.rollout.sampling.max_new_tokens
-        update["FSDP full logits"] = T * new / seq * a.V * b
-        update["FSDP gathered layers"] = 2 * 4 * (P - a.V * a.H) / a.L
-    phases = {name: {**resident, **parts} for name, parts in
-              (("rollout", rollout), ("teacher", teacher), ("update", update))}
-    if getattr(getattr(cfg, "lora", None), "rank", 0) > 0:
-        phases = with_adapters(phases, cfg, arch, c)
-    gib = {k: {p: v / GIB for p, v in parts.items()} for k, parts in phases.items()}
-    return {"phases": gib, "choices": c}
+        seq = cfg.rollout.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens
+        update["FSDP full logits"] = T * cfg.rollout.sampling.max_new_tokens / seq * a.V * b
+        gathered = 2 if cuda and cfg.grpo.bf16 else 4  # MixedPrecisionPolicy: bf16 all-gathers on CUDA
+        update["FSDP gathered layers"] = 2 * gathered * (P - a.V * a.H) / a.L
+        update["FSDP unsharded gradients"] = 4 * P  # gradient sync on the last micro-batch only
+    return update
+
+
+def _fixed(c: dict, cuda: bool, nproc: int, parts: dict) -> dict:
+    """The process's own parts: on CPU the process; on CUDA the context, NCCL, vLLM's graph pool and the
+    unmodelled share of the trainer's parts (module docstring)."""
+    if not cuda:
+        return {"process": (PROCESS_GIB + (DIST_PROCESS_GIB if nproc > 1 else 0)) * GIB}
+    trainer = sum(v for k, v in parts.items() if k != "vLLM share")
+    return {"CUDA context": CUDA_CONTEXT_GIB * GIB, "NCCL": NCCL_GIB * GIB if nproc > 1 else 0,
+            "vLLM graph pool": GRAPH_POOL_GIB * GIB if c["engine"] == "vllm" or c["backend"] == "vllm" else 0,
+            "unmodelled": UNMODELLED_SHARE * trainer}
 
 
 # LoRA (--lora.rank R, scale/lora.py): Q adapter parameters, r × (in + out) per adapted linear layer
@@ -207,8 +258,9 @@ def with_adapters(phases: dict, cfg, arch: Arch, c: dict) -> dict:
     for name, parts in phases.items():
         parts = {k: v for k, v in parts.items() if k != "reference"}
         parts.update(optimizer=8 * Q, adapters=4 * Q)
-        if "gradients" in parts:
-            parts["gradients"] = 4 * Q
+        for grads in ("gradients", "DDP buckets", "FSDP unsharded gradients"):  # the adapters' only
+            if parts.get(grads):
+                parts[grads] = 4 * Q
         if "term-grad buffers" in parts:
             parts["term-grad buffers"] = 16 * Q
         if "reference forward" not in parts and name == "update" and cfg.grpo.kl_coef > 0:

@@ -16,10 +16,15 @@
   manager returns no cached blocks for it, since the log-probs of cached positions would not be computed), so
   several turns of one episode scored against the same reference re-prefill the shared reference context.
   Passing the flag explicitly would change nothing there.
-- `sleep()` frees vLLM's GPU memory before the update (level-2 sleep: weights and KV cache dropped, not
-  copied to host memory, since `sync_weights` reloads every weight anyway; vLLM keeps the buffers, e.g. rotary
-  tables, and restores them on wake); `sync_weights` empties torch's CUDA cache (the update's freed blocks),
-  then wakes it, weights first. A no-op on CPU, where vLLM has no sleep mode.
+- `sleep()` frees vLLM's GPU memory before the update (level-2 sleep by default: weights and KV cache dropped,
+  not copied to host memory, since `sync_weights` reloads every weight anyway; vLLM keeps the buffers, e.g.
+  rotary tables, and restores them on wake; `--rollout.vllm-sleep-level 1` keeps the weights in host memory);
+  `sync_weights` empties torch's CUDA cache (the update's freed blocks), wakes the weights, reloads them,
+  empties the cache again (the reload's temporaries, as verl before it resumes the KV cache), then wakes the
+  KV cache. A no-op on CPU, where vLLM has no sleep mode.
+- Sized from the run (`engine_limits`, as TRL's colocate mode): max_model_len, max_num_seqs and a named cap
+  on max_num_batched_tokens instead of vLLM's defaults (40,960 / 1,024 / 16,384 on an H100).
+- `sync_warning`: the weight-sync check on actor/rollout_logprob_gap (SYNC_GAP_THRESHOLD).
 - `logprob_gap(gens, trainer_logprobs)` is the metric of how far vLLM's sampling log-probs are from the
   trainer's log-probs of the same tokens (bench/bench_rollout.py measures it for float32 and bfloat16 vLLM).
 
@@ -78,6 +83,45 @@ INSTALL_HINT = ("vLLM is not installed. On a GPU machine: `pip install vllm`; on
                 "(see README / .ci/run). Or use `--rollout.engine hf`.")
 
 
+MAX_BATCHED_TOKENS = 4096
+"""vLLM's max_num_batched_tokens here (TRL's colocate default; vLLM's own is 16,384): tokens per scheduler
+step, longer prompts are prefilled in chunks. It bounds the teacher's prompt_logprobs peak, a float32
+(tokens, V) log-softmax that vLLM's memory profiling does not see: 4096 × 151,936 × 4 B = 2.3 GiB a copy for
+Qwen3"""
+SYNC_GAP_THRESHOLD = 0.2
+"""nat: the mean |sampler − trainer| log-prob (actor/rollout_logprob_gap) above which the weight-sync line is
+printed. A correct sync gives < 1e-4 in float32 on CPU (tests/test_vllm.py: ~1e-6); in bf16 the literature's
+dense-model K3 KL of 1e-5 to 1e-3 means an RMS log-ratio of √(2·KL) ≤ 0.045 nat, which bounds the mean
+|gap|; 0.2 is 4× that. A sync that broke a tensor gives nats (tests/test_vllm.py: 5.5 with the tied head ×
+20), but on a nearly uniform model a broken tensor can stay below it (0.17 there with the final norm
+zeroed)"""
+
+
+def engine_limits(max_prompt_tokens: int, max_new_tokens: int, rollout_batch: int) -> dict:
+    """vLLM's size from the run's settings (as TRL's colocate mode sets them): max_model_len = the longest
+    prompt (the rollout's or, with the teacher on vLLM, the teacher's budget) + the response + 1 (teacher
+    scoring sends [prompt + response] as the prompt and asks for one token); max_num_seqs = the rank's rollout
+    batch (tasks × group size / ranks); max_num_batched_tokens = MAX_BATCHED_TOKENS."""
+    return dict(max_model_len=max_prompt_tokens + max_new_tokens + 1, max_num_seqs=max(1, rollout_batch),
+                max_num_batched_tokens=MAX_BATCHED_TOKENS)
+
+
+def sync_warning(gap: float, step: int, sleep_level: int = 2) -> str | None:
+    """The weight-sync check: one line when this step's actor/rollout_logprob_gap (the sampler's log-probs
+    against the trainer's on the same tokens: the rollouts were sampled after the previous step's sync) passes
+    SYNC_GAP_THRESHOLD, else None. The run goes on: the gap is logged every step, TIS bounds each token's
+    weight, and a threshold not yet measured on a GPU must not end a healthy run; the line says what to do."""
+    if not gap > SYNC_GAP_THRESHOLD:
+        return None
+    cause = ("level-2 sleep then an in-place reload, e.g. under CUDA graphs (vLLM #29341; stale captured "
+             "pointers)" if sleep_level == 2 else "a weight that did not reach vLLM (names, dtype, sharding)")
+    avoid = "--rollout.vllm-sleep-level 1 (weights kept in host memory) or " if sleep_level == 2 else ""
+    return (f"[weight sync] warning: step {step}: actor/rollout_logprob_gap {gap:.3g} nat > "
+            f"{SYNC_GAP_THRESHOLD} (a correct sync: < 0.05 in bf16, < 1e-4 in float32): vLLM samples from "
+            f"other weights than the trainer's; likely cause: {cause}. Avoid it with {avoid}"
+            f"--rollout.engine hf")
+
+
 def _vllm():
     """Import vllm on first use, in-process mode first (the engine core must live in this process for
     weight sync)."""
@@ -95,17 +139,20 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tokenizer, sampling_cfg: SamplingConfig, *,
                  gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
-                 ignore_eos: bool = False, torchrun: bool = False):
+                 ignore_eos: bool = False, torchrun: bool = False, limits: dict | None = None,
+                 sleep_level: int = 2):
         """`model_path`: anything `from_pretrained` reads (a hub id or a directory); only its architecture and
         tokenizer-independent config must match the trainer's, since `sync_weights` replaces the weights.
         `dtype` 'auto' = float32 on CPU, bfloat16 on CUDA. `gpu_memory_utilization` is vLLM's share of GPU
         memory (weights + KV cache); on CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB, else 2 GiB, never a
         share of host RAM. `ignore_eos` (benchmarks only) always generates max_new_tokens. `torchrun`: this
-        process is one of torchrun's ranks (module docstring: the executor and the device)."""
+        process is one of torchrun's ranks (module docstring: the executor and the device). `limits`:
+        `engine_limits` (None: vLLM's defaults), max_model_len at most the model's positions. `sleep_level` 1
+        keeps the weights in host memory while asleep, 2 drops them (`sleep`)."""
         vllm = _vllm()
         cuda = torch.cuda.is_available()
         self.tokenizer, self.cfg, self.ignore_eos = tokenizer, sampling_cfg, ignore_eos
-        self.sleep_enabled = cuda  # vLLM's CPU worker has no sleep mode
+        self.sleep_enabled, self.sleep_level = cuda, sleep_level  # vLLM's CPU worker has no sleep mode
         self.asleep = False
         self.owns_process_group = not (torch.distributed.is_available()
                                        and torch.distributed.is_initialized())
@@ -117,7 +164,8 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled,
             kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30), seed=seed,
             enforce_eager=not cuda, logprobs_mode="raw_logprobs",
-            distributed_executor_backend="external_launcher" if torchrun else None)
+            distributed_executor_backend="external_launcher" if torchrun else None,
+            **_fit_to_model(model_path, limits or {}))
         self.scale = 1.0
 
     def placement(self) -> str:
@@ -187,7 +235,8 @@ class VLLMEngine:
         weights = (lora.merged_weights if lora.is_peft(unwrap(model)) else stream_weights)(model, self.dtype)
         with torch.no_grad():  # one tensor at a time in the engine's dtype (in-process: the generator itself)
             self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
-        if self.asleep:
+        if self.asleep:  # the reload's temporaries back to the device first (verl), then the KV cache
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
@@ -196,7 +245,7 @@ class VLLMEngine:
     def sleep(self) -> None:
         """Before the update: drop vLLM's weights (the next sync reloads them) and KV cache (no-op on CPU)."""
         if self.sleep_enabled and not self.asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
     def shutdown(self) -> None:
@@ -215,6 +264,15 @@ class VLLMEngine:
             ps.destroy_distributed_environment = full_teardown
         self.llm = None
         gc.collect()
+
+
+def _fit_to_model(model_path: str, limits: dict) -> dict:
+    """`limits` with max_model_len at most the model's max_position_embeddings (vLLM refuses more)."""
+    if "max_model_len" not in limits:
+        return limits
+    from transformers import AutoConfig
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    return {**limits, "max_model_len": min(limits["max_model_len"], positions or limits["max_model_len"])}
 
 
 def _destroy_vllm_world_only() -> None:

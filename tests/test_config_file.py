@@ -139,6 +139,6 @@ def test_engine_auto_picks_vllm_where_it_runs_and_says_why(monkeypatch, cuda, vl
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if vllm else None)
                         if name == "vllm" else real_find(name, *a))
     cfg = parse_config(flags)
-    assert (cfg.rollout.engine, cfg.teacher.backend) == (engine, engine)
-    assert cfg.engines().startswith(f"{engine}, teacher {engine}") and why in cfg.engines()
+    assert (cfg.rollout.engine, cfg.teacher.backend) == (engine, "hf")  # the teacher: the trainer's path
+    assert cfg.engines().startswith(f"{engine}, teacher hf") and why in cfg.engines()
     assert cfg.grpo.old_logprobs == ("recompute" if engine == "vllm" else "sampler")

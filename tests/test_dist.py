@@ -40,10 +40,14 @@ def _samples():
 
 
 def _grads(model, samples, world=None):
+    """The update's gradient, over micro-batches of at most 32 padded tokens (several per rank: the
+    gradient is synced on the last one only)."""
     opt = GradRecorder(model.parameters())
-    cfg = GRPOConfig(kl_coef=0.0, max_grad_norm=1e9, sd_loss="reverse-kl", sd_coef=1.0)
+    cfg = GRPOConfig(kl_coef=0.0, max_grad_norm=1e9, sd_loss="reverse-kl", sd_coef=1.0, micro_batch_tokens=32)
     grpo.update(model, opt, samples, cfg, pad_id=0, world=world)
-    return torch.cat([p.last_grad.flatten() for p in grpo_module(model).parameters()])
+    full = [g.full_tensor() if hasattr(g, "full_tensor") else g  # FSDP: a DTensor shard
+            for g in (p.last_grad for p in grpo_module(model).parameters())]
+    return torch.cat([g.flatten() for g in full])
 
 
 def grpo_module(model):
@@ -74,7 +78,8 @@ def _rank_main(rank, port, model_dir, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     td.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))  # fail, not hang
     from transformers import AutoModelForCausalLM
-    model = torch.nn.parallel.DistributedDataParallel(AutoModelForCausalLM.from_pretrained(model_dir))
+    from scale.distributed import wrap
+    model = wrap(AutoModelForCausalLM.from_pretrained(model_dir), World(rank=rank, world_size=2), "ddp")
     g = _distil_then_grads(model, _samples()[rank::2], World(rank=rank, world_size=2))
     torch.save(g, Path(out) / f"grad{rank}.pt")
     _fsdp_part(rank, model_dir, out)
@@ -173,13 +178,15 @@ def _fsdp_part(rank, model_dir, out):
     local = {name: sum(p.to_local().numel() for p in m.parameters()) for name, m in (("policy", policy),
                                                                                      ("ref", ref))}
     streamed = {k: (v.dtype, v.clone()) for k, v in stream_weights(policy, torch.bfloat16)}
-    torch.save({"local": local, "total": sum(p.numel() for p in ref.parameters()), "streamed": streamed},
-               Path(out) / f"fsdp{rank}.pt")
+    grads = _grads(policy, _samples()[rank::2], world)  # the samples' own teacher log-probs
+    torch.save({"local": local, "total": sum(p.numel() for p in ref.parameters()), "streamed": streamed,
+                "grads": grads}, Path(out) / f"fsdp{rank}.pt")
 
 
 def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(tiny, two_ranks):
-    """Under FSDP the frozen KL reference is sharded like the policy (each rank holds about half of it), and
-    the weight sync's stream gives every tensor in full, in the engine's dtype, one at a time."""
+    """Under FSDP the frozen KL reference is sharded like the policy (each rank holds about half of it), the
+    weight sync's stream gives every tensor in full, in the engine's dtype, one at a time, and the gradient
+    equals one process's."""
     model, _ = tiny
     tmp_path = two_ranks
     ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in (0, 1)]
@@ -192,6 +199,10 @@ def test_fsdp_shards_the_reference_and_streams_full_tensors_in_the_engine_dtype(
         assert set(r["streamed"]) == set(expected)
         for k, (dtype, v) in r["streamed"].items():
             assert dtype == torch.bfloat16 and torch.equal(v, expected[k].to(torch.bfloat16)), k
+    # the gradient, reduce-scattered on each mini-batch's last micro-batch only, is the one-process gradient
+    single = _grads(__import__("copy").deepcopy(model), _samples())
+    assert torch.equal(ranks[0]["grads"], ranks[1]["grads"])
+    assert torch.allclose(ranks[0]["grads"], single, rtol=1e-4, atol=1e-7)
 
 
 def test_lines_every_rank_prints_alike_come_from_rank_0_only(monkeypatch, capsys):

@@ -1,12 +1,14 @@
 """bench/memory_plan.py (scale/memory_plan.py) held to measured peaks: the plan of a recorded run's settings
-against the peak that run logged (±15%), its parts against the memory each fix frees, and its one-line errors.
+never below the peak that run logged and at most 20% above it, its parts against the memory each fix frees,
+and its one-line errors.
 
 - SmolLM2-135M on CPU (bench/results/memory_smollm2: its config.json; mem/update_peak_gb 6.80 at step 1,
   before the optimizer state exists, 8.12 at step 2): resident memory, the process included.
 - Qwen3-1.7B (random weights) on an H200 (bench/results/gpu_h200, bench/gpu.py's settings of that day: 4 × 4
   episodes, 192 new tokens, 4096-token prompts, 16,384-token micro-batches, the transformers engine, a float32
-  KL reference and the term-gradient measurement, both the defaults then; peak allocated 62.8 / 75.7 GiB:
-  the step's peak over every phase, as its log holds no phase's own, held against the plan's update).
+  KL reference and the term-gradient measurement, both the defaults then; peak allocated 62.8 / 75.7 GiB, the
+  step's maximum over its phases: the log does not say which phase).
+- The tiny preset on 2 gloo ranks (bench/results/torchrun_rehearsal.tar.gz): the largest update peak.
 The errors are printed with -s.
 
 Run: pytest tests/test_memory_plan.py -q -s
@@ -33,9 +35,10 @@ def _update(cfg, arch, cuda, gpu_gib=80.0):
 
 
 def _check(name, planned, measured):
+    """The plan never plans low: at or above the measured peak, and at most 20% above it."""
     error = planned / measured - 1
     print(f"{name}: plan {planned:.2f} GiB, measured {measured:.2f} GiB, error {error:+.1%}")
-    assert abs(error) <= 0.15, f"{name}: {error:+.1%}"
+    assert 0 <= error <= 0.20, f"{name}: {error:+.1%}"
 
 
 def test_the_smollm2_cpu_run():
@@ -56,21 +59,41 @@ def _h200_cfg() -> Config:
 
 
 def test_the_h200_record():
-    """Step 2 within 15%. Step 1 misses the issue's ±15% (the plan is 9.7 GiB short at both steps, the same
-    gap: a part the plan does not model, unmeasured without a GPU); it is printed and held only to be an
-    underestimate by less than a fifth, so that a change in the plan that moves it shows here."""
-    update = _update(_h200_cfg(), mp.load_arch("Qwen/Qwen3-1.7B"), cuda=True, gpu_gib=139.8)
-    _check("Qwen3-1.7B H200 update, step 2", sum(update.values()), 75.7)
-    first = sum(update.values()) - update["optimizer"]
-    print(f"Qwen3-1.7B H200 update, step 1 (no optimizer state yet): plan {first:.2f} GiB, "
-          f"measured 62.80 GiB, error {first / 62.8 - 1:+.1%} (outside ±15%)")
-    assert -0.2 < first / 62.8 - 1 < 0
+    """Both steps: the record's peak is the step's maximum over its phases (allocated), the plan's largest
+    phase against it. Step 1 has no AdamW state yet (nor its unmodelled share)."""
+    phases = mp.plan(_h200_cfg(), mp.load_arch("Qwen/Qwen3-1.7B"), True, 139.8)["phases"]
+    peak = max(phases.values(), key=lambda parts: sum(parts.values()))
+    _check("Qwen3-1.7B H200, step 2", sum(peak.values()), 75.7)
+    first = sum(peak.values()) - peak["optimizer"] * (1 + mp.UNMODELLED_SHARE)
+    _check("Qwen3-1.7B H200, step 1 (no optimizer state yet)", first, 62.8)
+
+
+def test_the_two_rank_tiny_run():
+    """The tiny preset on 2 gloo ranks (bench/results/torchrun_rehearsal.tar.gz): the largest
+    mem/update_peak_gb of its 10 steps against the plan's update (GB as logged: GiB)."""
+    import json
+    import tarfile
+    with tarfile.open(ROOT / "bench/results/torchrun_rehearsal.tar.gz") as tar:
+        jsonl = tar.extractfile("torchrun_rehearsal/2ranks_smrc_sd.metrics.jsonl")
+        lines = jsonl.read().decode().splitlines()
+    measured = max(json.loads(x)["mem/update_peak_gb"] for x in lines)
+    cfg = resolve(Config(preset="tiny", model="tiny-agent-quick", rollout=dataclasses.replace(
+        _tiny().rollout, tasks_per_step=2, group_size=4), grpo=_tiny().grpo, router=_tiny().router))
+    update = mp.plan(cfg, mp.load_arch("tiny-agent-quick"), False, 80.0, 2)["phases"]["update"]
+    _check("tiny preset, 2 gloo ranks, update", sum(update.values()), measured)
+
+
+def _tiny():
+    from config import tiny_preset
+    return tiny_preset()
 
 
 def test_the_fixes_show_in_the_plan_and_the_paper_configs_fit(capsys, monkeypatch):
     """At the H200 record's settings the bf16 reference and the measurement's auto (off at 1.7B) free what
-    the plan says they hold; the paper's Qwen3-1.7B config fits one 80 GB card with room (≤ 70 GiB), the
-    Qwen2.5-3B one fits 8 × 80 GB under FSDP."""
+    the plan says they hold. The paper's Qwen3-1.7B config fits one 80 GB card; on 8 ranks with DDP its
+    teacher phase adds DDP's buckets (4P, with their unmodelled share) and NCCL, and the plan refuses it
+    past 80 GiB (the line names the teacher phase and --rollout.vllm-gpu-memory); the Qwen2.5-3B one fits 8 ×
+    80 GB under FSDP."""
     old, arch = _h200_cfg(), mp.load_arch("Qwen/Qwen3-1.7B")
     new = dataclasses.replace(old, grpo=dataclasses.replace(old.grpo, term_grad_norms="auto",
                                                             ref_dtype="auto"))
@@ -78,14 +101,26 @@ def test_the_fixes_show_in_the_plan_and_the_paper_configs_fit(capsys, monkeypatc
     P = arch.params / mp.GIB
     assert before["term-grad buffers"] == pytest.approx(16 * P) and "term-grad buffers" not in after
     assert before["reference"] - after["reference"] == pytest.approx(2 * P)
-    for config, gpus, strategy, limit in (("configs/alfworld/smrc_sd_qwen3_1.7b.yaml", 1, "ddp", 70),
-                                          ("configs/alfworld/smrc_sd_qwen2.5_3b.yaml", 8, "fsdp", 80)):
-        monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(ROOT)
+    peaks = {}
+    for config, gpus, strategy in (("configs/alfworld/smrc_sd_qwen3_1.7b.yaml", 1, "ddp"),
+                                   ("configs/alfworld/smrc_sd_qwen3_1.7b.yaml", 8, "ddp"),
+                                   ("configs/alfworld/smrc_sd_qwen2.5_3b.yaml", 8, "fsdp")):
         cli.main(["--gpu-gib", "80", "--nproc", str(gpus), "--config", config, "--dist.strategy", strategy])
         out = capsys.readouterr().out.strip().splitlines()
+        with capsys.disabled():
+            print(f"{config} x{gpus} {strategy}: {out[-1]}")
         assert out[-1].startswith("peak ") and " GiB of 80 GiB (" in out[-1], out
-        assert float(out[-1].split()[1]) <= limit, out
         assert "moved by --" in out[-2]
+        peaks[gpus, strategy, config] = float(out[-1].split()[1])
+    one, eight, fsdp = peaks.values()
+    assert one <= 80 and fsdp <= 80
+    assert eight - one == pytest.approx(4 * P * (1 + mp.UNMODELLED_SHARE) + mp.NCCL_GIB, abs=0.1)
+    from config import parse_config
+    cfg = parse_config(["--config", "configs/alfworld/smrc_sd_qwen3_1.7b.yaml"])
+    line = mp.over_device(cfg, arch, 80.0, 8)
+    assert (line is not None) == (eight > 80)
+    assert line is None or ("teacher peak" in line and "--rollout.vllm-gpu-memory" in line)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -107,7 +142,7 @@ def test_a_plan_over_the_gpu_is_one_line_naming_phase_plan_and_flags():
                          teacher=teacher_cfg(backend="vllm")))
     arch = mp.load_arch("Qwen/Qwen3-1.7B")
     line = mp.over_device(cfg, arch, 40.0, 1)
-    assert line.startswith("error: the memory plan's rollout peak is ")
+    assert line.startswith("error: the memory plan's teacher peak is ")
     assert "more than this GPU's 40.0 GiB" in line
     assert "moved by --rollout.vllm-gpu-memory" in line and "--no-memory-check" in line
     assert mp.over_device(cfg, arch, 80.0, 1) is None

@@ -380,7 +380,7 @@ def test_teacher_context_exact_text(variant, blocks):
 
 
 def test_teacher_context_needs_the_match_for_the_candidate():
-    assert set(CONTEXT_BLOCKS) == {"trajectory", "summary", "candidate", "smrc", "skill"}
+    assert set(CONTEXT_BLOCKS) == {"trajectory", "summary", "candidate", "smrc", "skill", "none"}
     assert teacher_context("trajectory", REF, None, S2).before == (TRAJ_TEXT,)
     with pytest.raises(AssertionError):
         teacher_context("smrc", REF, None, S2)

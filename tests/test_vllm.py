@@ -46,7 +46,7 @@ TEXTS = ["Your task is to: put a clean mug in coffeemachine.", "go to fridge 1",
 def engine(tiny):
     _, tok = tiny
     eng = vllm_engine.VLLMEngine(resolve("tiny"), tok, SamplingConfig(max_new_tokens=24, temperature=1.0),
-                                 dtype="float32", seed=0)
+                                 dtype="float32", seed=0, limits=vllm_engine.engine_limits(8192, 24, 8))
     yield eng
     eng.shutdown()  # also tears down the world-1 process group vLLM created in this test process
 
@@ -252,3 +252,74 @@ def test_lora_sync_streams_the_merged_weights_and_the_sampler_scores_as_the_trai
     assert vllm_engine.logprob_gap(gens, trainer)["rollout/logprob_gap_max"] < ATOL
     off = _trainer_logprobs(base, prompts, responses, tok.pad_token_id, 1.0)
     assert vllm_engine.logprob_gap(gens, off)["rollout/logprob_gap_max"] > 10 * ATOL
+
+
+def _vllm_turns(engine, tok, model):
+    """Turns sampled by the (synced) engine, every one distilled (a match without a reference)."""
+    from fakes import turn
+    from records import WITHOUT_REFERENCE, Step
+    engine.sync_weights(model)
+    texts = TEXTS + ["look", "inventory"]
+    prompts = [models.chat_ids(tok, t) for t in texts]
+    gens = engine.generate(prompts)
+    return [turn("t", f"traj{i}", 0, Step((), "", "", ""), user_text=text, prompt_ids=p,
+                 match=WITHOUT_REFERENCE,
+                 response_ids=g.response_ids, sample_logprobs=g.logprobs, advantage=(-1.0) ** i)
+            for i, (text, p, g) in enumerate(zip(texts, prompts, gens))]
+
+
+def test_null_context_delta_is_zero_on_vllm(engine, tiny, monkeypatch):
+    """Teacher on vLLM, `--router.context none`: Δ = (log π_T − log π_old) on vLLM's path + (log π_old −
+    log π_θ) on the trainer's is 0 on every distilled token of the first mini-batch (float32: within 1e-6),
+    and the logged gap (sd/gap_sum, taken on vLLM's path) is 0, though vLLM's and the trainer's log-probs of
+    the same tokens differ (up to 1e-4)."""
+    import grpo
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    turns = _vllm_turns(engine, tok, m)
+    stats = teacher.teacher_signal(turns, "none", tok, TeacherConfig(backend="vllm"),
+                                   teacher.vllm_logprob_fn(engine))
+    assert all(t.teacher_base_logprobs is not None for t in turns)
+    assert abs(stats["sd/gap_sum"]) <= 1e-6 * stats["sd/distilled_tokens"]
+    deltas, real = [], grpo.loss_terms
+
+    def terms(x, c, sd_scale=1.0):
+        loss, t = real(x, c, sd_scale)
+        deltas.append(t["gap"][x.sd_mask > 0].abs())
+        return loss, t
+    monkeypatch.setattr(grpo, "loss_terms", terms)
+    cfg = grpo.GRPOConfig(kl_coef=0.0, sd_loss="reverse-kl", sd_coef=1.0, term_grad_norms="on")
+    actor = grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), turns, cfg, pad_id=tok.pad_token_id)
+    deltas = torch.cat(deltas)
+    assert deltas.numel() == stats["sd/distilled_tokens"] and deltas.max().item() <= 1e-6
+    assert actor["actor/grad_norm_sd"] <= 1e-6 * actor["actor/grad_norm_grpo"]
+
+
+def test_a_corrupted_weight_sync_prints_the_line_on_the_next_step(engine, tiny, monkeypatch):
+    """A sync whose stream perturbs one tensor (the tied embedding and LM head, × 20: the random tiny model is
+    nearly uniform, so zeroing a norm would change little): the update of the turns sampled after it measures
+    an actor/rollout_logprob_gap far above SYNC_GAP_THRESHOLD and `sync_warning` gives the line, naming the
+    step; after a correct sync the gap is < 1e-4 and there is no line."""
+    import grpo
+    model, tok = tiny
+    cfg = grpo.GRPOConfig(kl_coef=0.0, sd_loss="reverse-kl", sd_coef=0.0)
+    TIED = ("model.embed_tokens.weight", "lm_head.weight")  # one tensor, under both names in the state dict
+
+    def gap_after_sync():
+        turns = _vllm_turns(engine, tok, model)
+        m = copy.deepcopy(model)
+        return grpo.update(m, torch.optim.SGD(m.parameters(), lr=0.0), turns, cfg,
+                           pad_id=tok.pad_token_id)["actor/rollout_logprob_gap"]
+    good = gap_after_sync()
+    assert good < 1e-4 and vllm_engine.sync_warning(good, 3) is None
+    real = vllm_engine.stream_weights
+    monkeypatch.setattr(vllm_engine, "stream_weights", lambda model, dtype: (
+        (n, 20 * t if n in TIED else t) for n, t in real(model, dtype)))
+    bad = gap_after_sync()
+    monkeypatch.undo()
+    line = vllm_engine.sync_warning(bad, 4)
+    print(f"rollout_logprob_gap: correct sync {good:.2g}, head x 20 {bad:.3g}\n{line}")
+    assert bad > vllm_engine.SYNC_GAP_THRESHOLD
+    assert line.startswith("[weight sync] warning: step 4: actor/rollout_logprob_gap")
+    assert "--rollout.vllm-sleep-level 1" in line and "vLLM #29341" in line
+    engine.sync_weights(model)  # the next test's engine is a correct one
