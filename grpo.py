@@ -41,7 +41,7 @@ import torch
 
 from measure import term_grads as measure
 from models import micro_batches, precision, score, score_rows, token_logprobs
-from scale import actor_stats as stats
+from measure import actor_stats as stats
 
 IS_LOG_CAP = 10.0  # skill-sd's importance weight ρ = exp(min(log π_θ − log π_old, IS_LOG_CAP)), as its anchor
 TIS_CAP = 2.0  # --grpo.tis-cap's default under vLLM: verl's rollout-IS threshold (TRL's vLLM IS cap is 3)
