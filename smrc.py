@@ -122,11 +122,8 @@ def train_step(cfg: Config, life: Lifecycle, run: Run, step: int) -> None:
         actor = grpo.update(run.model, run.optimizer, turns, cfg.grpo, pad_id=run.tokenizer.pad_token_id,
                             temperature=cfg.rollout.sampling.temperature, ref_model=run.ref_model,
                             world=world, nonfinite_streak=life.nonfinite)
-    # 8. sync the rollout engine; log, archive the turns, validate and checkpoint when due
+    # 8. sync the rollout engine; log (and check the last sync), archive, validate and checkpoint when due
     life.at(step, "weight sync")
-    if cfg.rollout.engine == "vllm" and (line := vllm_engine.sync_warning(
-            actor["actor/rollout_logprob_gap"], step + 1, cfg.rollout.vllm_sleep_level)):
-        distributed.print0(life.world, line)  # the last sync's samples are far from the trainer
     run.engine.sync_weights(run.model)
     times = {"step_s": time.perf_counter() - t_step, "update_s": time.perf_counter() - t_update}
     life.end_step(run, step + 1, StepRecord(episodes, counters, sd_counts, measured, audited, times, actor))

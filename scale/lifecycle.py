@@ -46,6 +46,7 @@ from scale.run_logs import archive_rows, trim_logs
 from scale.safe_io import stop_on_io_error
 from scale.seeds import seed_step
 from scale.trackers import Trackers
+from scale.vllm_engine import sync_warning
 
 
 @contextmanager
@@ -202,6 +203,9 @@ class Lifecycle:
         """After step `step` (1-based) of the method: its record, validation and a checkpoint when due, and
         the stop a signal asked for."""
         self.nonfinite = record.actor_metrics["actor/nonfinite_streak"]
+        if self.cfg.rollout.engine == "vllm" and (line := sync_warning(
+                record.actor_metrics["actor/rollout_logprob_gap"], step, self.cfg.rollout.vllm_sleep_level)):
+            print0(self.world, line)  # the samples of the last sync are far from the trainer's weights
         self.at(step - 1, "metrics")
         self.report(run, step, record)
         cfg = self.cfg
