@@ -15,7 +15,8 @@ smrc.py reaches it through `started` (the run's context) and the `Lifecycle` it 
                    the stop a signal asked for
   a signal         SIGTERM / SIGINT: the step in flight ends, a checkpoint if it fits the grace period,
                    then one line with the command that continues the run (scale/preempt.py)
-  the end          trackers, watchdog and engine closed, one line naming the checkpoint and how to evaluate it
+  the end          trackers, watchdog and engine closed, one line naming the checkpoint, the command that
+                   shows its before/after and the one that draws the run (analysis/before_after.py)
 """
 import dataclasses
 import shlex
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import rollout
 import router
+from analysis.before_after import suggestion
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
 from scale import distributed
@@ -145,13 +147,13 @@ class Lifecycle:
         finally:
             self.stop = None
             self.memory.close()
-            self.trackers.close()
+            self.trackers.close(view=True)  # wandb: the run view too (evaluate.py view)
             if run.replay_env is not None:
                 run.replay_env.close()
             getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's hook)
         final = latest_checkpoint(self.out)
-        print0(self.world, f"[smrc] done: checkpoint {final}, metrics {self.out / 'metrics.jsonl'}; evaluate "
-                           f"it with: python evaluate.py eval --checkpoint {final} --split eval --k 4")
+        print0(self.world, f"[smrc] done: checkpoint {final}, metrics {self.out / 'metrics.jsonl'}; "
+                           + suggestion(self.out, self.cfg.preset, len(self.train_tasks)))
 
     def nothing_to_train(self, step: int, episodes: list, counters: dict) -> None:
         """No rank has a turn because every prompt was over --rollout.max-prompt-tokens: one error line."""
@@ -190,7 +192,8 @@ class Lifecycle:
         mem = self.memory.metrics()  # mem/<phase>_peak_gb: resident memory on CPU, allocated on CUDA
         on_cuda = self.world.device.type == "cuda"
         local = {"rollout": rollout.episode_stats(episodes), "counters": counters, "sd": sd_counts,
-                 "rows": archive_rows(step, episodes, audited),
+                 "rows": archive_rows(step, episodes, audited, run.tokenizer, self.cfg.archive_token_turns,
+                                     self.cfg.router.context),
                  "route": router.route_metrics(turns, run.bank),
                  "times": {**times, "peak_gpu_mem_gb": max(mem.values()) if on_cuda else 0.0},
                  "mem": mem, "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
