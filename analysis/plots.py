@@ -188,6 +188,7 @@ def curves_png(rows: list[dict], curves=VIEW_CURVES) -> bytes | None:
     if plt is None:
         return None
     import io
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(1, len(curves), figsize=(2.8 * len(curves), 2.4), squeeze=False)
     for ax, (key, title) in zip(axes[0], curves):
         pts = [(r["step"], r[key]) for r in rows
@@ -197,7 +198,10 @@ def curves_png(rows: list[dict], curves=VIEW_CURVES) -> bytes | None:
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if not pts:
+            ax.set_xticks([])
+            ax.set_yticks([])
             ax.text(0.5, 0.5, f"{key}\nnot logged (or not finite)", ha="center", va="center",
                     transform=ax.transAxes, fontsize=8)
     fig.tight_layout()
