@@ -55,8 +55,9 @@ class ViewArgs:
     """keep these steps only (repeat the flag; default: every step)"""
     tasks: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
     """keep these tasks only: a task id or a task type (repeat the flag; default: every task)"""
-    limit: int = 0
-    """keep at most N episodes, the first in (step, task, trajectory) order (0 = all)"""
+    limit: int = 1000
+    """keep at most N episodes, the first in (step, task, trajectory) order (0 = all; the page and the
+    printed line say when episodes were left out)"""
 
 
 def _get(cfg: dict, dotted: str):
@@ -66,7 +67,7 @@ def _get(cfg: dict, dotted: str):
 
 
 def episodes_of(rows: list[dict], args: ViewArgs) -> list[dict]:
-    """The archive's turns as episodes (step, task, trajectory; turns in order), bounded by the flags."""
+    """The archive's turns as episodes (step, task, trajectory; turns in order) of --steps and --tasks."""
     by_traj: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if (not args.steps or r["step"] in args.steps) and \
@@ -78,7 +79,7 @@ def episodes_of(rows: list[dict], args: ViewArgs) -> list[dict]:
         eps.append({"step": step, "task_id": task_id, "task_type": turns[0]["task_type"], "traj_id": traj_id,
                     "won": bool(turns[0]["episode_won"]), "ret": turns[0]["episode_return"],
                     "turns": [_turn(r) for r in turns]})
-    return eps[:args.limit] if args.limit else eps
+    return eps
 
 
 def _turn(r: dict) -> dict:
@@ -158,7 +159,10 @@ def view_data(run: Path, args: ViewArgs) -> dict:
     metrics = [json.loads(line) for line in archives.read_text(run / "metrics.jsonl").splitlines()
                if line.strip()] if archives.exists(run / "metrics.jsonl") else []
     rows = _read_rows(run / "rollouts.jsonl.gz")
-    episodes = episodes_of(rows, args)
+    every = episodes_of(rows, args)
+    episodes = every[:args.limit] if args.limit else every
+    if len(episodes) < len(every):
+        print(f"[view] --limit {args.limit}: the first {args.limit} of {len(every)} episodes", flush=True)
     png = plots.curves_png(metrics) if metrics else None
     return {"run": str(run), "config": [[name, _get(cfg, key)] for name, key in SETTINGS],
             "curves": base64.b64encode(png).decode() if png else None,
@@ -166,7 +170,7 @@ def view_data(run: Path, args: ViewArgs) -> dict:
                                            "the curves need matplotlib (pip install matplotlib)"),
             "archive_note": "" if rows else "no rollout archive (rollouts.jsonl.gz; --archive-max-turns 0?)",
             "bounded": {"steps": list(args.steps), "tasks": list(args.tasks), "limit": args.limit,
-                        "archived_turns": len(rows)},
+                        "archived_turns": len(rows), "episodes": len(every)},
             "notes": notes_of(rows), "groups": groups_of(episodes), "episodes": episodes}
 
 
