@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 SPLITS = (("train", "training games"), ("eval", "held-out games"))
-TINY_MINUTES = 4  # the tiny preset's before-after on 2 CPU cores (docs/results.md, issue 68)
+TINY_MINUTES = 7  # the tiny preset's before-after: 7.3 min on 2 busy CPU cores (docs/results.md, issue 68)
 
 
 @dataclass
@@ -90,7 +90,7 @@ def suggestion(out: Path, preset: str, n_train: int) -> str:
     """The end-of-run line's next commands: this run's before-after (its time where measured: the tiny preset;
     a run of many games gets --limit 32 of each split), then its view (curves and turns, analysis/view.py)."""
     limit = f" --limit {BIG_LIMIT}" if n_train > 2 * BIG_LIMIT else ""
-    when = f"; about {TINY_MINUTES} min on 2 CPU cores" if preset == "tiny" else ""
+    when = f"; about {TINY_MINUTES} min on 2 busy CPU cores" if preset == "tiny" else ""
     games = f"{BIG_LIMIT} of its {n_train}" if limit else f"its {n_train}"
     return (f"before/after (the warm start vs this checkpoint on {games} training games and on held-out games"
             f"{when}): python evaluate.py before-after --run {out}{limit}; curves and turns: "

@@ -163,7 +163,8 @@ def test_the_end_of_a_run_and_its_before_after_show_both_rows_on_both_labelled_s
     checkpoint, on the training games and the held-out games, each rate with its counts."""
     import evaluate
     last = (run2 / "stdout.txt").read_text().strip().splitlines()[-1]
-    assert f"python evaluate.py before-after --run {run2}; " in last and "about 4 min" in last
+    from analysis.before_after import TINY_MINUTES
+    assert f"python evaluate.py before-after --run {run2}; " in last and f"about {TINY_MINUTES} min" in last
     assert f"python evaluate.py view --run {run2}" in last
     evaluate.main(["before-after", "--run", str(run2), "--k", "2", "--limit", "2"])
     out = capsys.readouterr().out
