@@ -1,12 +1,13 @@
 """The run's append-only logs, crash-safe: metrics.jsonl and the rollout archive rollouts.jsonl.gz (a gzip
 JSONL of every trained turn, which the audits read).
 
-- `archive_rows(step, episodes, audited, tokenizer, token_turns)`: a step's rows of the archive: every turn
-  with its response, its routing decision and the audited matchers' matches the step made
-  (router.audited_matches); on up to `token_turns` distilled turns, the response's tokens with their
-  per-token teacher and student log-probs (`evaluate.py view` colours them by the difference).
-- Rows carry `v` (ARCHIVE_VERSION); an archive of version 1 (no `v`) has no response, tokens or final
-  observation, and `evaluate.py view` says so where it would show them.
+- `archive_rows(step, episodes, audited, tokenizer, token_turns, context)`: a step's rows of the archive:
+  every turn with its response, its routing decision and the audited matchers' matches the step made
+  (router.audited_matches), an unmatched turn with its nearest reference state; on up to `token_turns`
+  distilled turns, the response's tokens with their per-token teacher and student log-probs (`evaluate.py
+  view` colours them by the difference) and the teacher's user message.
+- Rows carry `v` (ARCHIVE_VERSION); an archive of version 1 (no `v`) has no response, tokens, nearest state
+  or final observation, and `evaluate.py view` says so where it would show them.
 - `write_archive(path, rows, cap)`: append rows up to `cap` turns in all (counted in rollouts.jsonl.count).
 - `read_archive(path)` / `read_log(path)`: the complete rows; a torn last line or a truncated gzip stream is
   skipped and counted, never fatal.
