@@ -160,6 +160,10 @@ def view_data(run: Path, args: ViewArgs) -> dict:
                if line.strip()] if archives.exists(run / "metrics.jsonl") else []
     rows = _read_rows(run / "rollouts.jsonl.gz")
     every = episodes_of(rows, args)
+    if rows and not every:
+        steps = sorted({r["step"] for r in rows})
+        raise SystemExit(f"error: --steps {list(args.steps)} --tasks {list(args.tasks)} keep none of the "
+                         f"archive's turns (its steps: {steps[0]}-{steps[-1]}; tasks: a task id or type)")
     episodes = every[:args.limit] if args.limit else every
     if len(episodes) < len(every):
         print(f"[view] --limit {args.limit}: the first {args.limit} of {len(every)} episodes", flush=True)

@@ -23,7 +23,7 @@ pytest.importorskip("alfworld", reason="the training loop runs on the real ALFWo
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install "
                                                              "chromium; .ci/run installs it)")
-TWO_STEPS = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "3",
+TWO_STEPS = ["--preset", "tiny", "--rollout.tasks-per-step", "2", "--rollout.group-size", "2",
              "--alfworld.max-steps", "4", "--steps", "2"]
 
 
@@ -154,6 +154,8 @@ def test_steps_tasks_and_limit_bound_the_view(run2, tmp_path):
     assert len(view_data(run2, ViewArgs(limit=1))["episodes"]) == 1
     one = view("--run", str(run2), "--limit", "1", "--output", str(tmp_path / "one.html")).stat().st_size
     assert one < view("--run", str(run2), "--output", str(tmp_path / "all.html")).stat().st_size
+    with pytest.raises(SystemExit, match=r"error: --steps \[9\] --tasks \[\] keep none .* steps: 1-2"):
+        view_data(run2, ViewArgs(steps=(9,)))
     with pytest.raises(SystemExit, match="error: --run .* not a run folder"):
         view("--run", str(tmp_path))
 
@@ -166,15 +168,15 @@ def test_the_end_of_a_run_and_its_before_after_show_both_rows_on_both_labelled_s
     from analysis.before_after import TINY_MINUTES
     assert f"python evaluate.py before-after --run {run2}; " in last and f"about {TINY_MINUTES} min" in last
     assert f"python evaluate.py view --run {run2}" in last
-    evaluate.main(["before-after", "--run", str(run2), "--k", "2", "--limit", "2"])
+    evaluate.main(["before-after", "--run", str(run2), "--k", "2", "--limit", "1"])
     out = capsys.readouterr().out
     table = out[out.index("Before / after training"):]
     assert "training games: avg@2" in table and "held-out games: avg@2" in table
     warm = next(line for line in table.splitlines() if line.startswith("| warm start (tiny-agent-quick)"))
     trained = next(line for line in table.splitlines() if line.startswith("| trained ("))
     for line in (warm, trained):
-        assert len(re.findall(r"\d\.\d{3} \(\d+/4 episodes\)", line)) == 2, line
-        assert len(re.findall(r"\d\.\d{3} \(\d+/2 games\)", line)) == 2, line
+        assert len(re.findall(r"\d\.\d{3} \(\d+/2 episodes\)", line)) == 2, line
+        assert len(re.findall(r"\d\.\d{3} \(\d+/1 games\)", line)) == 2, line
     assert "step_000002" in trained and "The tiny preset trains on its 8 training games" in table
     assert (run2 / "before_after.md").read_text().startswith("Before / after training")
 
