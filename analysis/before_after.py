@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 SPLITS = (("train", "training games"), ("eval", "held-out games"))
-TINY_MINUTES = 7  # the tiny preset's before-after: 7.3 min on 2 busy CPU cores (docs/results.md, issue 68)
+TINY_MINUTES = 5  # the tiny preset's before-after: 5.1 min on 2 busy CPU cores (docs/results.md, issue 68)
 
 
 @dataclass
