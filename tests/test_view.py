@@ -4,8 +4,8 @@ renders its episodes in a real headless Chromium with no script error, a filter 
 is shown, an archive of version 1 still renders with the reasons, and the before/after prints both rows on
 both labelled splits.
 
-Run: pytest tests/test_view.py -q   (1-4 minutes on 2 cores, most of it the 2-step run; the Chromium tests
-skip without chromium)
+Run: pytest tests/test_view.py -q   (52 s on 2 quiet cores, 4 min on busy ones, most of it the 2-step run;
+the Chromium tests skip without chromium)
 """
 import gzip
 import json
