@@ -131,6 +131,9 @@ class Config:
     archive_max_turns: int = 1_000_000
     """turns written to output_dir/rollouts.jsonl.gz for the audits (evaluate.py audit); past it, turns are
     counted, not written (0 = no archive)"""
+    archive_token_turns: int = 32
+    """distilled turns per step and rank whose response tokens keep their teacher and student log-probs in
+    the archive, spread evenly over them (`evaluate.py view` colours the tokens; 0 = none)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     accept_new_initial_weights: bool = False

@@ -8,6 +8,10 @@ Subcommands (one CLI; `python evaluate.py SUBCOMMAND --help` lists every flag):
   intervene  fixed-state teacher intervention: the teacher's log-prob of the correct action under each
              context, on states built from the policy's own successes (analysis/intervention*.py)
   plot       training curves and comparison bars from runs' metrics.jsonl (analysis/plots.py; matplotlib)
+  before-after  a run's warm start vs its trained checkpoint on its training and held-out games, labelled,
+             with counts (analysis/before_after.py; what the quick start ends on)
+  view       one self-contained HTML file of a run, turn by turn: what the router matched, what the teacher
+             pushed, why a turn went unmatched (analysis/view.py; opens offline in any browser)
 
 Usage:
   python evaluate.py eval --checkpoint runs/smrc/step_000150 --baseline Qwen/Qwen3-1.7B --split valid_unseen
@@ -15,6 +19,8 @@ Usage:
   python evaluate.py audit --run runs/tiny --samples 100
   python evaluate.py intervene --model tiny-agent --split eval --num-tasks 24  # --references planner: its
   python evaluate.py plot --run runs/a --run runs/b
+  python evaluate.py before-after --run runs/tiny
+  python evaluate.py view --run runs/tiny            # writes runs/tiny/view.html
 
 Panels: every task of the split, in the pinned order of envs.load_tasks, k sampled attempts each (`--limit N`
 keeps a type-stratified subset of N tasks drawn with --seed, `envs.stratified_subset`, for smoke runs only;
@@ -46,12 +52,10 @@ import dataclasses
 import json
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 import tyro
 from tqdm import tqdm
@@ -60,11 +64,14 @@ import envs
 import rollout
 import router
 from config import Config, config_from_run
-from analysis import audits, intervention, plots
+from analysis import audits, before_after, intervention, plots, view
+from analysis.before_after import BeforeAfterArgs
+from analysis.metrics import avg_at_k, pass_at_k, panel_metrics, repeated_ngram_ratio  # noqa: F401 (the API)
 from analysis.intervention_states import env_config
 from analysis.audits import AuditArgs
 from analysis.intervention import InterveneArgs
 from analysis.plots import PlotArgs
+from analysis.view import ViewArgs
 from embedded import smollm2
 from embedded.warmstart import resolve
 from environments.pool import EnvPool
@@ -75,64 +82,6 @@ from scale.preflight import check_device, check_model_dir, check_split, validate
 from scale.seeds import derived_seed
 from scale.trackers import Trackers
 from scale.vllm_engine import VLLMEngine
-
-# ------------------------------------------------------------------------------------------------------------
-# Metrics (pure functions, tested against hand-computed values)
-
-
-def avg_at_k(outcomes: list[list[float]]) -> float:
-    """Avg@k: mean success over the k attempts of every task (outcomes[task][attempt] in {0, 1})."""
-    return float(np.mean([np.mean(row) for row in outcomes])) if outcomes else float("nan")
-
-
-def pass_at_k(outcomes: list[list[float]]) -> float:
-    """Pass@k: share of tasks solved in at least one of their k attempts."""
-    return float(np.mean([any(v > 0 for v in row) for row in outcomes])) if outcomes else float("nan")
-
-
-def repeated_ngram_ratio(texts: list[str], n: int = 4) -> float:
-    """Repeated n-gram ratio of responses (n = 4 in the paper's table).
-
-    Each response is lowercased and split on whitespace into words; its n-grams are the len(words) - n + 1
-    windows of n consecutive words. An n-gram occurrence is *repeated* if the same n-gram already occurred
-    earlier in the same response. The ratio pools all responses: (sum of repeated occurrences) / (sum of
-    n-gram occurrences). Responses shorter than n words contribute nothing; with no n-gram at all the ratio is
-    0. Example: "a b c d a b c d" has the five 4-grams abcd, bcda, cdab, dabc, abcd, of which the last repeats
-    the first: 1/5 = 0.2.
-    """
-    total = repeated = 0
-    for text in texts:
-        words = text.lower().split()
-        grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-        total += len(grams)
-        repeated += len(grams) - len(set(grams))
-    return repeated / total if total else 0.0
-
-
-def panel_metrics(episodes: list, k: int) -> dict:
-    """The table's numbers for one model from its episodes (k consecutive attempts per task, panel order)."""
-    by_task: dict[str, list] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task.task_id, []).append(ep)
-    assert all(len(v) == k for v in by_task.values()), "every task must have exactly k attempts"
-    outcomes = [[float(e.won) for e in eps] for eps in by_task.values()]
-    turns = [t for e in episodes for t in e.turns]
-    per_task = [np.mean(row) for row in outcomes]
-    m = {"tasks": len(by_task), "episodes": len(episodes), f"avg@{k}": avg_at_k(outcomes),
-         f"avg@{k}_se": float(np.std(per_task, ddof=1) / np.sqrt(len(per_task)))
-         if len(per_task) > 1 else 0.0,
-         f"pass@{k}": pass_at_k(outcomes),
-         "score": float(np.mean([e.score for e in episodes])),
-         "accuracy": float(np.mean([e.score == 1.0 for e in episodes])),
-         "response_tokens": float(np.mean([len(t.response_ids) for t in turns])) if turns else 0.0,
-         "repeated_4gram_ratio": repeated_ngram_ratio([t.response for t in turns]),
-         "turns": float(np.mean([len(e.turns) for e in episodes])),
-         "valid_action_ratio": float(np.mean([t.valid for t in turns])) if turns else float("nan"),
-         "stop_reasons": dict(sorted(Counter(e.stop_reason for e in episodes).items()))}
-    for tt in sorted({e.task.task_type for e in episodes}):
-        m[f"success/{tt}"] = float(np.mean([e.won for e in episodes if e.task.task_type == tt]))
-    return m
-
 
 # ------------------------------------------------------------------------------------------------------------
 # Models and configs
@@ -420,13 +369,13 @@ def run_eval(args: EvalArgs) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The CLI: eval here, audit / intervene / plot in analysis/ (each owns its argument class)
+# The CLI: eval here, audit / intervene / plot / view in analysis/ (each owns its argument class)
 
 
 def main(argv: list[str]) -> None:
     args = tyro.extras.subcommand_cli_from_dict(
-        {"eval": EvalArgs, "audit": AuditArgs, "intervene": InterveneArgs, "plot": PlotArgs}, args=argv,
-        description=__doc__)
+        {"eval": EvalArgs, "before-after": BeforeAfterArgs, "audit": AuditArgs, "intervene": InterveneArgs,
+         "plot": PlotArgs, "view": ViewArgs}, args=argv, description=__doc__)
     t0 = time.perf_counter()
     if isinstance(args, EvalArgs):
         run_eval(args)
@@ -442,6 +391,10 @@ def main(argv: list[str]) -> None:
             check_model_dir(Path(args.model), "--model")
         model, tokenizer = load_any(args.model, resolve_device(args.device))
         intervention.run_intervention(model, tokenizer, args)
+    elif isinstance(args, BeforeAfterArgs):
+        before_after.run_before_after(args, lambda **kw: run_eval(EvalArgs(**kw)))
+    elif isinstance(args, ViewArgs):
+        view.write_view(args)
     else:
         plots.run_plots(args)
     print(f"[evaluate] done in {time.perf_counter() - t0:.1f}s", flush=True)

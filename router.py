@@ -280,9 +280,10 @@ AUDITED = ("structured", "history", "observation")  # the matchers the archive k
 def audited_matches(turns: list[Turn], bank: ReferenceBank, cfg: RouterConfig) -> dict[str, list]:
     """Each audited matcher's matches of `turns` on the same bank (the step's own `turn.match` where the run
     routes with it: the same deterministic function), for the rollout archive
-    (scale/run_logs.archive_rows)."""
-    return {name: [t.match for t in turns] if cfg.matcher == name else
-            matches(turns, bank, replace(cfg, matcher=name), random.Random(0)) for name in AUDITED}
+    (scale/run_logs.archive_rows); also each turn's references, for the archive's nearest state."""
+    return {**{name: [t.match for t in turns] if cfg.matcher == name else
+               matches(turns, bank, replace(cfg, matcher=name), random.Random(0)) for name in AUDITED},
+            "references": _references(turns, bank, cfg.references == "first")}
 
 
 def route_metrics(turns: list[Turn], bank: ReferenceBank) -> dict[str, float]:

@@ -46,6 +46,7 @@ import grpo
 import rollout
 import router
 import teacher
+from analysis.view import run_view
 from config import (ALGOS, Config, config_from_run, default_sd_coef, parse_config,  # noqa: F401
                     resolve_for_model)
 from measure.step_readings import step_readings
@@ -79,7 +80,7 @@ def main(cfg: Config) -> None:
     with started(cfg, COMMAND_LINE) as life:  # checks, torchrun, the locked run folder, env workers
         cfg, run = setup(cfg, life)  # cfg: every auto the model's size and the device decide, decided
         banner(cfg, life, run)
-        with life.running(run):  # memory watchdog, stop signals; at the end: close, say where the run is
+        with life.running(run, view=run_view):  # watchdog, stop signals; at the end: close (wandb: the view)
             for step in range(life.start, cfg.steps):
                 train_step(cfg, life, run, step)
 

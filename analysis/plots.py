@@ -173,3 +173,39 @@ def plot_dose(points: list[tuple[str, float, float, float, int]], path: Path) ->
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+VIEW_CURVES = (("rollout/success_rate", "success rate"), ("router/match_rate", "match rate"),
+               ("sd/distilled_share", "distilled share"), ("sd/kl_per_turn", "KL per distilled turn"),
+               ("actor/sd_grpo_grad_ratio", "SD / GRPO gradient share"))
+
+
+def curves_png(rows: list[dict], curves=VIEW_CURVES) -> bytes | None:
+    """One small panel per (metric, title) of `curves` against the step, as PNG bytes (the run viewer,
+    analysis/view.py, embeds them); a metric the run did not log says so in its panel. None without
+    matplotlib. A row without the metric (a validation row) or with a NaN there is skipped."""
+    plt = _pyplot(Path("the run view's curves"))
+    if plt is None:
+        return None
+    import io
+    from matplotlib.ticker import MaxNLocator
+    fig, axes = plt.subplots(1, len(curves), figsize=(2.8 * len(curves), 2.4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], curves):
+        pts = [(r["step"], r[key]) for r in rows
+               if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not pts:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, f"{key}\nnot logged (or not finite)", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()

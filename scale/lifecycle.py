@@ -17,7 +17,8 @@ smrc.py reaches it through `started` (the run's context) and the `Lifecycle` it 
                    shorter of --preempt-grace-s and torchrun's shutdown timeout, said at the start), then one
                    line with the command that continues the run, the same launch (scale/preempt.py,
                    scale/launcher.py); a stop in the last step says the run is complete
-  the end          trackers, watchdog and engine closed, one line naming the checkpoint and how to evaluate it
+  the end          trackers, watchdog and engine closed, one line naming the checkpoint, the command that
+                   shows its before/after and the one that draws the run (analysis/before_after.py)
 """
 import dataclasses
 import signal
@@ -141,9 +142,10 @@ class Lifecycle:
         self.world.at(f"step {step + 1}: {phase}")
 
     @contextmanager
-    def running(self, run):
-        """The training loop's context: the memory watchdog and the stop signals on; at the end the trackers,
-        the watchdog and `run`'s planner env and engine closed, and the line naming the final checkpoint."""
+    def running(self, run, view=None):
+        """The training loop's context: the memory watchdog and the stop signals on; at the end the trackers
+        (with the run's `view` writer: wandb logs the page), the watchdog and `run`'s planner env and engine
+        closed, and the line naming the final checkpoint."""
         self.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
         self.saved = (self.start, 0.0)
         try:
@@ -152,13 +154,13 @@ class Lifecycle:
         finally:
             self.stop = None
             self.memory.close()
-            self.trackers.close()
+            self.trackers.close(view=view)  # wandb: the run view too (evaluate.py view)
             if run.replay_env is not None:
                 run.replay_env.close()
             getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's hook)
         final = latest_checkpoint(self.out)
-        print0(self.world, f"[smrc] done: checkpoint {final}, metrics {self.out / 'metrics.jsonl'}; evaluate "
-                           f"it with: python evaluate.py eval --checkpoint {final} --split eval --k 4")
+        print0(self.world, f"[smrc] done: checkpoint {final}, metrics {self.out / 'metrics.jsonl'}; "
+                           + suggestion(self.out, self.cfg.preset, len(self.train_tasks)))
 
     def grace_s(self) -> float:
         """The seconds a stop signal leaves: --preempt-grace-s, or torchrun's shutdown timeout where that is
@@ -229,7 +231,8 @@ class Lifecycle:
         on_cuda = self.world.device.type == "cuda"
         local = {"rollout": rollout.episode_stats(episodes), "counters": record.env_counters,
                  "sd": record.teacher_counts | record.measured_counts,
-                 "rows": archive_rows(step, episodes, record.audited_matches),
+                 "rows": archive_rows(step, episodes, record.audited_matches, run.tokenizer,
+                                      self.cfg.archive_token_turns, self.cfg.router.context),
                  "route": router.route_metrics(turns, run.bank),
                  "times": {**times, "peak_gpu_mem_gb": max(mem.values()) if on_cuda else 0.0},
                  "mem": mem, "tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns),
@@ -259,3 +262,18 @@ class Lifecycle:
             f"; no checkpoint of step {step}: it would not fit the {self.stop.grace_s:g} s grace " \
             f"(--preempt-grace-s, or torchrun's --shutdown-timeout where shorter)"
         raise Preempted(self.stop.signum or signal.SIGTERM, step, self.saved[0] == step, note)
+
+
+TINY_MINUTES = 5  # the tiny preset's before-after: 5.1 min on 2 busy CPU cores (docs/results.md, issue 68)
+BIG_LIMIT = 32  # a run of more training games than twice this: before-after on this many of each split
+
+
+def suggestion(out: Path, preset: str, n_train: int) -> str:
+    """The end-of-run line's next commands: this run's before-after (its time where measured: the tiny preset;
+    a run of many games gets --limit 32 of each split), then its view (curves and turns, analysis/view.py)."""
+    limit = f" --limit {BIG_LIMIT}" if n_train > 2 * BIG_LIMIT else ""
+    when = f"; about {TINY_MINUTES} min on 2 busy CPU cores" if preset == "tiny" else ""
+    games = f"{BIG_LIMIT} of its {n_train}" if limit else f"its {n_train}"
+    return (f"before/after (the warm start vs this checkpoint on {games} training games and on held-out games"
+            f"{when}): python evaluate.py before-after --run {out}{limit}; curves and turns: "
+            f"python evaluate.py view --run {out}")

@@ -53,6 +53,7 @@ RULES = [  # (config field, (check, allowed)); {env} is the run's env section
     ("save_every", int_at_least(1)),
     ("keep_checkpoints", int_at_least(1)),
     ("archive_max_turns", int_at_least(0)),
+    ("archive_token_turns", int_at_least(0)),
     ("eval_every", int_at_least(0)),
     ("eval_tasks", int_at_least(0)),
     ("eval_temperature", real_in(0)),

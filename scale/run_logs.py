@@ -1,8 +1,13 @@
 """The run's append-only logs, crash-safe: metrics.jsonl and the rollout archive rollouts.jsonl.gz (a gzip
 JSONL of every trained turn, which the audits read).
 
-- `archive_rows(step, episodes, audited)`: a step's rows of the archive: every turn with its routing decision
-  and the audited matchers' matches the step made (router.audited_matches).
+- `archive_rows(step, episodes, audited, tokenizer, token_turns, context)`: a step's rows of the archive:
+  every turn with its response, its routing decision and the audited matchers' matches the step made
+  (router.audited_matches), an unmatched turn with its nearest reference state; on up to `token_turns`
+  distilled turns, the response's tokens with their per-token teacher and student log-probs (`evaluate.py
+  view` colours them by the difference) and the teacher's user message.
+- Rows carry `v` (ARCHIVE_VERSION); an archive of version 1 (no `v`) has no response, tokens, nearest state
+  or final observation, and `evaluate.py view` says so where it would show them.
 - `write_archive(path, rows, cap)`: append rows up to `cap` turns in all (counted in rollouts.jsonl.count).
 - `read_archive(path)` / `read_log(path)`: the complete rows; a torn last line or a truncated gzip stream is
   skipped and counted, never fatal.
@@ -16,6 +21,12 @@ import os
 import zlib
 from pathlib import Path
 
+import router
+from measure.unmatched import nearest_state
+
+ARCHIVE_VERSION = 2  # 2 adds response, parse_reason, distilled, advantage, final_observation, nearest
+#                      (unmatched turns: measure/unmatched.py) and tokens (issue 65)
+
 
 def _match_json(m) -> dict | None:
     """A records.Match as JSON: the reference, the position, its signature there, the candidate and the
@@ -27,24 +38,58 @@ def _match_json(m) -> dict | None:
                                    "ref_suffix": [st.action for st in m.ref.steps[m.position:]]}
 
 
-def archive_rows(step: int, episodes: list, audited: dict[str, list]) -> list[dict]:
-    """Every turn of the step's episodes (rollout.Episode) with its task, action, signature, history key,
-    routing decision (turn.match), the audited matchers' matches `audited` (router.audited_matches; {}: the
-    run keeps no archive, so no rows), reward and the episode's success."""
+def archive_rows(step: int, episodes: list, audited: dict[str, list], tokenizer=None, token_turns: int = 0,
+                 context: str = "") -> list[dict]:
+    """Every turn of the step's episodes (rollout.Episode) with its task, response, action, signature, history
+    key, routing decision (turn.match), the audited matchers' matches `audited` (router.audited_matches; {}:
+    the run keeps no archive, so no rows), reward and the episode's success; the last turn of an episode also
+    the observation it ended on; an unmatched turn its nearest reference state (measure/unmatched.py). Up to
+    `token_turns` distilled turns (spread evenly over them) also keep their tokens (`tokenizer`) with the
+    teacher's and the student's log-prob of each and the teacher's user message (`context`: the
+    teacher-context variant): `token_columns`."""
     if not audited:
         return []
     pairs = [(ep, t) for ep in episodes for t in ep.turns]
-    return [{"step": step, "task_id": t.task.task_id, "task_type": t.task.task_type, "source": t.task.source,
-             "traj_id": t.traj_id, "turn": t.index, "observation": t.step.observation,
-             "action": t.step.action,
-             "valid": t.valid, "signature": t.step.signature, "history_key": t.step.history_key,
+    rows = [{"v": ARCHIVE_VERSION, "step": step, "task_id": t.task.task_id, "task_type": t.task.task_type,
+             "source": t.task.source, "traj_id": t.traj_id, "turn": t.index,
+             "observation": t.step.observation, "response": t.response, "action": t.step.action,
+             "valid": t.valid, "parse_reason": t.parse_reason,
+             "signature": t.step.signature, "history_key": t.step.history_key,
              "routed": t.match is not None, "match": _match_json(t.match),
              "structured": _match_json(audited["structured"][i]),
              "history_match": _match_json(audited["history"][i]),
              "observation_match": _match_json(audited["observation"][i]),
-             "observation_key": t.step.observation_key,
-             "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret}
+             "observation_key": t.step.observation_key, "distilled": t.teacher_logprobs is not None,
+             "advantage": t.advantage, "reward": t.reward, "episode_won": ep.won, "episode_return": ep.ret,
+             **({"final_observation": ep.observation} if t is ep.turns[-1] else {})}
             for i, (ep, t) in enumerate(pairs)]
+    refs = audited.get("references")  # the router's references of each turn: why no match, on unmatched ones
+    for i, (_, t) in enumerate(pairs) if refs is not None else ():
+        if t.match is None:
+            rows[i]["nearest"] = nearest_state(t.step.signature, refs[i])
+    distilled = [i for i, (_, t) in enumerate(pairs) if t.teacher_logprobs is not None]
+    if tokenizer is not None and token_turns > 0:
+        picked = distilled if len(distilled) <= token_turns else \
+            [distilled[k * len(distilled) // token_turns] for k in range(token_turns)]
+        for i in picked:
+            rows[i].update(token_columns(pairs[i][1], tokenizer, context))
+    return rows
+
+
+def token_columns(turn, tokenizer, context: str) -> dict:
+    """A distilled turn's response tokens (each decoded alone) with log π_T (the teacher: turn.
+    teacher_logprobs) and log π_θ of each: the sampling policy's log-probs (turn.sample_logprobs), the same
+    numbers the teacher stage's KL and the SD loss's sampled term use for the student on the rollout's
+    weights; and the teacher's user message, privileged blocks around the student's prompt (as teacher.py
+    builds it)."""
+    m = turn.match
+    skills = router.skill_text(turn.task.env, turn.task.task_type) if "skills" in router.context_blocks(
+        context) else ""
+    return {"tokens": [tokenizer.decode([i]) for i in turn.response_ids],
+            "teacher_logprobs": [round(x, 4) for x in turn.teacher_logprobs],
+            "student_logprobs": [round(x, 4) for x in turn.sample_logprobs],
+            "teacher_user_text": router.teacher_context(context, m.ref, m, turn.step.signature,
+                                                        skills).around(turn.user_text)}
 
 
 def write_archive(path: Path, rows: list[dict], cap: int) -> int:

@@ -8,6 +8,9 @@ is the tracker run's config. Rank 0 only (the trainer builds them there). metric
   MLFLOW_TRACKING_URI names another (experiment MLFLOW_EXPERIMENT_NAME, default smrc-sd). MLflow allows
   no @ in a name: eval/avg@4 is eval/avg_at_4 there (`mlflow_name`); every other name is the same.
 - `--resume` continues the same tracker runs: their ids are kept in `OUT/trackers.json`.
+- At the end of a run (`close(view=...)`), wandb also gets the run viewer's page (`evaluate.py view`,
+  analysis/view.py: OUT/view.html) as an artifact of type `run-view`; a view that cannot be written is one
+  line, and the run ends as it would.
 - A tracker that cannot start (not installed, a bad setting) is one `error:` line before training starts;
   one that fails mid-run is reported once and dropped, and training goes on.
 """
@@ -49,7 +52,13 @@ class _Wandb:
     def log(self, step: int, values: dict) -> None:
         self.run.log(values, step=step)
 
-    def close(self) -> None:
+    def close(self, view: Path | None = None) -> None:
+        if view is not None:
+            import wandb
+            artifact = wandb.Artifact(f"view-{self.run.id}", type="run-view",
+                                      description="evaluate.py view: the run turn by turn (open view.html)")
+            artifact.add_file(str(view), name="view.html")
+            self.run.log_artifact(artifact)
         self.run.finish()
 
 
@@ -138,10 +147,21 @@ class Trackers:
                       f"rows go to {name}, metrics.jsonl stays the record", flush=True)
                 self.active.pop(name)
 
-    def close(self) -> None:
+    def close(self, view=None) -> None:
+        """Close each tracker; `view` (the end of a run: the viewer's `write_view`, given by smrc.py): wandb
+        also logs the run's HTML view first."""
+        page = self._view(view) if view is not None and "wandb" in self.active else None
         for name, tracker in self.active.items():
             try:
-                tracker.close()
+                tracker.close(page) if name == "wandb" else tracker.close()
             except Exception as e:
                 print(f"[trackers] {name} did not close cleanly ({type(e).__name__}: {e})", flush=True)
         self.active = {}
+
+    def _view(self, write_view) -> Path | None:
+        """The run folder's view.html, written now (analysis/view.py); None, said in one line, if it fails."""
+        try:
+            return write_view(self.out)
+        except (Exception, SystemExit) as e:
+            print(f"[trackers] the run view was not written for wandb ({type(e).__name__}: {e})", flush=True)
+            return None

@@ -52,16 +52,17 @@ def smrc_run(tmp_path_factory):
 
 
 def test_the_end_of_a_run_says_what_it_made_and_how_to_evaluate_it(smrc_run):
-    """One last line: the newest checkpoint, the metrics file and an evaluate.py command for it that
-    parses."""
+    """One last line: the newest checkpoint, the metrics file and the before-after command for the run that
+    parses (issue 68: its output shows the run's effect; tests/test_view.py runs it)."""
     last = (smrc_run / "stdout.txt").read_text().strip().splitlines()[-1]
     ckpt = smrc_run / "step_000002"
-    assert last == (f"[smrc] done: checkpoint {ckpt}, metrics {smrc_run / 'metrics.jsonl'}; "
-                    f"evaluate it with: python evaluate.py eval --checkpoint {ckpt} --split eval --k 4")
+    done = f"[smrc] done: checkpoint {ckpt}, metrics {smrc_run / 'metrics.jsonl'}; before/after"
+    assert last.startswith(done)
     import tyro
-    from evaluate import EvalArgs
-    args = tyro.cli(EvalArgs, args=last.split("python evaluate.py eval ", 1)[1].split())
-    assert ([Path(c) for c in args.checkpoint], args.split, args.k) == ([ckpt], "eval", 4)
+    from analysis.before_after import BeforeAfterArgs
+    command = last.split("python evaluate.py before-after ", 1)[1].split(";")[0]
+    args = tyro.cli(BeforeAfterArgs, args=command.split())
+    assert (Path(args.run), args.k, args.limit) == (smrc_run, 4, 0)
 
 
 def test_two_steps_change_the_weights_and_checkpoint_loads_with_from_pretrained(smrc_run):
