@@ -78,7 +78,8 @@ def main(argv: list[str]) -> None:
     (args.record / "summary.json").write_text(json.dumps(result, indent=1))
     for m, curves in result["curves"].items():
         for k, points in curves.items():
-            print(f"{m:4s} {k:20s} " + " ".join(f"{p[0]:.3f}±{p[1]:.3f}" for p in points))
+            form = ".3f" if k == "rollout/success_rate" else ".1e"
+            print(f"{m:4s} {k:20s} " + " ".join(f"{p[0]:{form}}±{p[1]:{form}}" for p in points))
     diff = result["success_diff_lora_minus_full"]
     print(f"seeds {result['seeds']}, steps 1-{result['steps_finished']} of {result['steps_asked']}: success "
           f"(mean over the steps) LoRA - full = {diff['mean']:+.3f} ± {diff['se']:.3f} (SE): "

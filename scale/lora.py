@@ -66,10 +66,11 @@ def check(cfg: LoraConfig, strategy: str = "ddp") -> None:
         raise SystemExit(f"error: --lora.rank {cfg.rank} is not a rank: give a positive rank, or 0 for full "
                          f"fine-tuning")
     if cfg.rank == 0:
-        unused = [f"--lora.{k.replace('_', '-')}" for k, v in vars(cfg).items() if v != getattr(LoraConfig(), k)]
+        default = LoraConfig()
+        unused = [f"--lora.{k.replace('_', '-')}" for k, v in vars(cfg).items() if v != getattr(default, k)]
         if unused:
-            raise SystemExit(f"error: {' '.join(unused)} without --lora.rank R > 0 would be ignored: give the "
-                             f"rank, or drop them")
+            raise SystemExit(f"error: {' '.join(unused)} without --lora.rank R > 0 would be ignored: give "
+                             f"the rank, or drop them")
         return
     if not cfg.alpha > 0 or not 0.0 <= cfg.dropout < 1.0 or not cfg.target_modules:
         raise SystemExit(f"error: --lora.alpha {cfg.alpha} / --lora.dropout {cfg.dropout} / "
@@ -115,7 +116,8 @@ def is_peft(model) -> bool:
 
 def check_resume(cfg: LoraConfig, ckpt: Path | None) -> None:
     """A resume keeps the checkpoint's adapters as they are: --lora.* on a checkpoint without adapters,
-    --lora.rank 0 on one with them, or another rank, alpha or dropout than the checkpoint's: one error line."""
+    --lora.rank 0 on one with them, or another rank, alpha or dropout than the checkpoint's: one error
+    line."""
     if ckpt is None:
         return
     if not has_adapters(ckpt):
