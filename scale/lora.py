@@ -21,33 +21,15 @@ Around the loop:
 """
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from config import LoraConfig, check_lora as check  # noqa: F401  (the flags and their checks)
+
 INSTALL = "pip install -r requirements-lora.txt"
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file: a checkpoint folder holding it holds adapters
 MERGED = "merged"                       # output_dir/merged/: --lora.save-merged's from_pretrained folder
-
-
-@dataclass
-class LoraConfig:
-    """The defaults are verl's (verl/trainer/config/model/hf_model.yaml: lora_rank 0 = off, lora_alpha 16,
-    target_modules all-linear; verl sets no dropout, so peft's default 0.0 applies)."""
-    rank: int = 0
-    """LoRA rank r of the adapters (0 = off: full fine-tuning; verl's lora_rank); needs peft
-    (pip install -r requirements-lora.txt)"""
-    alpha: float = 16.0
-    """LoRA scaling α (the update is α/r · B·A; verl's lora_alpha 16)"""
-    dropout: float = 0.0
-    """dropout on the adapters' input (verl sets none: peft's lora_dropout default 0.0)"""
-    target_modules: tuple[str, ...] = ("all-linear",)
-    """module names (or name suffixes) that get adapters; all-linear = every linear layer but the LM head
-    (verl's target_modules)"""
-    save_merged: bool = False
-    """also write output_dir/merged/ at each checkpoint: the weights merged into the base, loadable by
-    from_pretrained"""
 
 
 def peft_module():
@@ -57,28 +39,6 @@ def peft_module():
     except ImportError:
         raise SystemExit(f"error: --lora.rank needs peft, which is not installed: {INSTALL}") from None
     return peft
-
-
-def check(cfg: LoraConfig, strategy: str = "ddp") -> None:
-    """Bad settings as one error line (before any model loads; a missing peft: when the adapters are added,
-    so that the memory plan of a LoRA run needs no peft)."""
-    if cfg.rank < 0:
-        raise SystemExit(f"error: --lora.rank {cfg.rank} is not a rank: give a positive rank, or 0 for full "
-                         f"fine-tuning")
-    if cfg.rank == 0:
-        default = LoraConfig()
-        unused = [f"--lora.{k.replace('_', '-')}" for k, v in vars(cfg).items() if v != getattr(default, k)]
-        if unused:
-            raise SystemExit(f"error: {' '.join(unused)} without --lora.rank R > 0 would be ignored: give "
-                             f"the rank, or drop them")
-        return
-    if not cfg.alpha > 0 or not 0.0 <= cfg.dropout < 1.0 or not cfg.target_modules:
-        raise SystemExit(f"error: --lora.alpha {cfg.alpha} / --lora.dropout {cfg.dropout} / "
-                         f"--lora.target-modules {list(cfg.target_modules)}: give alpha > 0, "
-                         f"0 <= dropout < 1 and at least one target module")
-    if strategy == "fsdp":
-        raise SystemExit("error: --lora.rank with --dist.strategy fsdp is not supported: the adapters are "
-                         "small, use --dist.strategy ddp")
 
 
 def _targets(cfg: LoraConfig):
