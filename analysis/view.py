@@ -31,7 +31,7 @@ import tyro
 
 import router
 from analysis import plots
-from bench import archives
+from analysis import archives
 from scale.run_logs import read_archive
 
 TEMPLATE = Path(__file__).with_name("view.html")
@@ -144,7 +144,7 @@ def notes_of(rows: list[dict]) -> dict:
 
 
 def _read_rows(archive: Path) -> list[dict]:
-    """The rollout archive's rows, on disk or packed in a record (bench/archives.py; [] where it is not)."""
+    """The rollout archive's rows, on disk or packed in a record (analysis/archives.py; [] where it is not)."""
     if archive.is_file() or not archives.exists(archive):
         return read_archive(archive) if archive.is_file() else []
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.audits import pct as _pct  # noqa: E402
-from bench import archives  # noqa: E402
+from analysis import archives  # noqa: E402
 
 SETUPS = (("alfworld_gen", "ALFWorld generated"), ("alfworld_official", "ALFWorld official"),
           ("webshop", "WebShop (embedded)"), ("textworld", "TextWorld"))

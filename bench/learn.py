@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import ALGOS, learn_preset, resolve as resolve_config  # noqa: E402
-from bench import archives  # noqa: E402
+from analysis import archives  # noqa: E402
 from bench.learn_report import readme_table, summarize  # noqa: E402
 from embedded.warmstart import resolve  # noqa: E402
 from scale.preflight import check_rules, int_at_least  # noqa: E402
@@ -254,7 +254,7 @@ def _train(args: LearnArgs, row: Row, seed: int) -> Path:
 
 
 def _finished(args: LearnArgs, run: Path) -> bool:
-    """A run's metrics and evaluation are there (on disk, or in the record's archive: bench/archives.py)."""
+    """A run's metrics and evaluation are there (on disk, or in the record's archive: analysis/archives.py)."""
     evaluation = Path(args.out) / "eval" / f"{run.name}.json"
     return archives.exists(run / "metrics.jsonl") and archives.exists(evaluation)
 
@@ -279,7 +279,7 @@ def reuse_warm_start_evaluations(args: LearnArgs, sha: str) -> list[str]:
     """Copy a record's evaluations of this very warm start into OUT/eval instead of repeating them (two
     evaluations, ~30 min on 2 cores). A sweep record (learn_sweep_v21) keeps its warm start as
     RECORD/warm_start/, pinned by RECORD/warm_start.json, and its evaluations as
-    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: bench/archives.py); one is taken
+    RECORD/eval/warm-start[-greedy].json (packed in the record's archive: analysis/archives.py); one is taken
     only for the same weights (sha256), the same number of games and the same k."""
     record, out = Path(args.model).parent, Path(args.out) / "eval"
     pin = record / "warm_start.json"

@@ -8,7 +8,7 @@ import numpy as np
 
 from analysis.lambda_pilot import pilot_agreement, run_strength, share_per_unit_lambda
 from analysis.plots import plot_curves, plot_dose
-from bench import archives
+from analysis import archives
 
 
 def _run_seed(run: Path) -> int:

@@ -1,5 +1,5 @@
 """Per-run numbers of a bench/learn.py sweep record and paired-by-seed differences between its rows, read from
-the record's files or its archive (bench/archives.py): the commands that recompute docs/results.md's readings.
+the record's files or its archive (analysis/archives.py): the commands that recompute docs/results.md's readings.
 
     python bench/sweep_runs.py bench/results/learn_sweep_v21                  # one line per run
     python bench/sweep_runs.py bench/results/learn_sweep_v21 --diff A B       # row A − row B, paired by seed
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.lambda_pilot import run_strength  # noqa: E402
-from bench import archives  # noqa: E402
+from analysis import archives  # noqa: E402
 from bench.learn_report import _floor1, _mean_se, _metrics  # noqa: E402
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

@@ -1,4 +1,4 @@
-"""The records behind the README: bench/archives.py reads a record's packed files under their old paths, and
+"""The records behind the README: analysis/archives.py reads a record's packed files under their old paths, and
 the README's results table is what bench/learn.py's report computes from the v21 sweep's archive.
 
 Run: pytest tests/test_archives.py -q
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import archives  # noqa: E402
+from analysis import archives  # noqa: E402
 
 SWEEP = "bench/results/learn_sweep_v21"
 

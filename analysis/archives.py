@@ -5,8 +5,8 @@ next part and that holds it under its path relative to that folder (bench/result
 X/run/metrics.jsonl of bench/results/X.tar.gz), so `tar xzf bench/results/X.tar.gz -C bench/results` puts
 the files back where they were.
 
-    python bench/archives.py list bench/results/learn_sweep_v21.tar.gz          # its members
-    python bench/archives.py pack bench/results/step.tar.gz bench/results/step  # pack files or folders (their
+    python analysis/archives.py list bench/results/learn_sweep_v21.tar.gz          # its members
+    python analysis/archives.py pack bench/results/step.tar.gz bench/results/step  # pack files or folders (their
                                                                                # files leave the disk)
 An archive is written deterministically (sorted members, no times or owners), so packing the same files
 again gives the same bytes.
