@@ -6,8 +6,8 @@ X/run/metrics.jsonl of bench/results/X.tar.gz), so `tar xzf bench/results/X.tar.
 the files back where they were.
 
     python analysis/archives.py list bench/results/learn_sweep_v21.tar.gz          # its members
-    python analysis/archives.py pack bench/results/step.tar.gz bench/results/step  # pack files or folders (their
-                                                                               # files leave the disk)
+    python analysis/archives.py pack bench/results/step.tar.gz bench/results/step  # pack files or folders
+                                                                     # (their files leave the disk)
 An archive is written deterministically (sorted members, no times or owners), so packing the same files
 again gives the same bytes.
 """

@@ -144,7 +144,7 @@ def notes_of(rows: list[dict]) -> dict:
 
 
 def _read_rows(archive: Path) -> list[dict]:
-    """The rollout archive's rows, on disk or packed in a record (analysis/archives.py; [] where it is not)."""
+    """The rollout archive's rows, on disk or packed in a record (analysis/archives.py; [] if not)."""
     if archive.is_file() or not archives.exists(archive):
         return read_archive(archive) if archive.is_file() else []
     with tempfile.TemporaryDirectory() as tmp:

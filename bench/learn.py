@@ -254,7 +254,7 @@ def _train(args: LearnArgs, row: Row, seed: int) -> Path:
 
 
 def _finished(args: LearnArgs, run: Path) -> bool:
-    """A run's metrics and evaluation are there (on disk, or in the record's archive: analysis/archives.py)."""
+    """A run's metrics and evaluation are there (on disk, or in its record's archive: archives.py)."""
     evaluation = Path(args.out) / "eval" / f"{run.name}.json"
     return archives.exists(run / "metrics.jsonl") and archives.exists(evaluation)
 

@@ -1,5 +1,6 @@
 """Per-run numbers of a bench/learn.py sweep record and paired-by-seed differences between its rows, read from
-the record's files or its archive (analysis/archives.py): the commands that recompute docs/results.md's readings.
+the record's files or its archive (analysis/archives.py): the commands that recompute docs/results.md's
+readings.
 
     python bench/sweep_runs.py bench/results/learn_sweep_v21                  # one line per run
     python bench/sweep_runs.py bench/results/learn_sweep_v21 --diff A B       # row A − row B, paired by seed

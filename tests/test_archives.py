@@ -1,4 +1,5 @@
-"""The records behind the README: analysis/archives.py reads a record's packed files under their old paths, and
+"""The records behind the README: analysis/archives.py reads a record's packed files under their old paths,
+and
 the README's results table is what bench/learn.py's report computes from the v21 sweep's archive.
 
 Run: pytest tests/test_archives.py -q
