@@ -36,9 +36,13 @@ class StopSignals:
             self._old[s] = signal.signal(s, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
+        # Under torchrun a run that ends on an error (a lost rank, say) keeps signals off while it closes: the
+        # agent SIGTERMs every rank once one has failed, and the default handler would kill this one before
+        # it prints the line saying what happened.
+        ending = kind is not None and "TORCHELASTIC_RUN_ID" in os.environ
         for s, handler in self._old.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if ending else handler)
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
