@@ -1,13 +1,15 @@
 """Inputs a new user brings (issue 64, items 5-7): an ALFWorld split assembled from symlinks to task folders
 loads every game (a link back up is no loop); a model folder that needs its own code is one `error:` line and
 trust_remote_code stays off; a number not measured prints as '–' on the progress line, never `nan`; the
-resume command keeps torchrun's own options however torchrun was started (issue 69).
+resume command keeps torchrun's own options however torchrun was started (issue 69); under torchrun a run that
+ends on an error keeps SIGTERM/SIGINT off while it closes, so the agent's SIGTERM cannot cut its last line.
 
 Run: pytest tests/test_round5_inputs.py -q
 """
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +78,29 @@ def test_the_resume_command_keeps_torchrun_s_options_however_it_was_started(laun
     from scale.launcher import options_before
     assert options_before(launcher, "smrc.py") == ["--standalone", "--nproc_per_node", "2"]
     assert options_before(launcher, "other.py") is None
+
+
+def test_a_run_ending_on_an_error_under_torchrun_keeps_the_stop_signals_off(monkeypatch):
+    """scale/preempt.StopSignals: outside torchrun, and on a clean end under it, the old handlers come back;
+    under torchrun (TORCHELASTIC_RUN_ID) an exit on an exception leaves SIGTERM and SIGINT ignored."""
+    from scale.preempt import StopSignals
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def end(env: str | None, error: bool) -> dict:
+        if env is None:
+            monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+        else:
+            monkeypatch.setenv("TORCHELASTIC_RUN_ID", env)
+        try:
+            with StopSignals(30.0):
+                if error:
+                    raise RuntimeError("a collective failed")
+        except RuntimeError:
+            pass
+        return {s: signal.getsignal(s) for s in old}
+    try:
+        assert end(None, error=True) == old and end("run", error=False) == old
+        assert set(end("run", error=True).values()) == {signal.SIG_IGN}
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
