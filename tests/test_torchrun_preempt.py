@@ -15,8 +15,6 @@ holds, so the test knows a step is in flight when it sends the signal.
 
 Run: pytest tests/test_torchrun_preempt.py -q   (about 3 minutes on 2 busy cores)
 """
-import hashlib
-import json
 import os
 import shlex
 import signal
@@ -28,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_external_env import example_source
+from tests.test_preempt import _rows, _weights
 from tests.test_ranks import _rank_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,16 +63,6 @@ def _env(tmp_path: Path) -> dict:
 
 def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-
-
-def _rows(out: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items()
-             if not k.startswith(("time/", "mem/")) and not k.endswith("_time_s")}
-            for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _weights(path: Path) -> str:
-    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
 def test_sigterm_to_torchrun_saves_a_long_step_and_the_printed_resume_continues_it(tmp_path):
