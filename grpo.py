@@ -99,7 +99,9 @@ class GRPOConfig:
     ref_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """the frozen KL reference's weights: auto = bfloat16 on CUDA with --grpo.bf16 (half the memory; its
     matmuls ran in bf16 under autocast anyway, so only its norm and embedding weights round further, and the
-    KL's log-probs stay float32), float32 on CPU (config.resolve_for_model)"""
+    KL's log-probs stay float32), float32 on CPU (config.resolve_for_model). Under LoRA the frozen base is
+    the reference, so the base takes this dtype and the adapters stay float32 (peft's autocast_adapter_dtype;
+    TRL loads a LoRA base in its bf16 checkpoint dtype)"""
     old_logprobs: Literal["auto", "recompute", "sampler"] = "auto"
     """π_old of the PPO ratio on mini-batches after the first: recompute = the trainer's own log-probs before
     the first step (verl's old_log_prob pass: one no-grad forward over the batch, on the same micro-batches,

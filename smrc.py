@@ -208,6 +208,7 @@ def setup(cfg: Config, life: Lifecycle) -> tuple[Config, Run]:
     if cfg.grpo.grad_checkpointing == "on":
         model.gradient_checkpointing_enable()
     if adapters:  # student and teacher: base + adapters; the optimizer holds the adapters only
+        model = model.to(getattr(torch, cfg.grpo.ref_dtype))  # the frozen base is the reference: its dtype
         model = lora.load_adapters(model, ckpt) if ckpt else lora.add_adapters(model, cfg.lora)
         distributed.print0(world, lora.describe(model, cfg.lora))
     model = distributed.wrap(model, world, cfg.dist.strategy, cfg.grpo.bf16)

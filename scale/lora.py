@@ -12,7 +12,9 @@ Around the loop:
   checkpoint's weights merged into the base, a plain `from_pretrained` folder;
 - --resume rebuilds the base from --model (whose sha256 the initial-weights check compares with the run's
   start) and loads the adapters (`load_adapters`), bit for bit; a resume that would change the adapters
-  (turn them on or off, another rank, alpha or dropout) is one error line (`check_resume`);
+  (turn them on or off, another rank, alpha, dropout or target modules) is one error line (`check_resume`);
+- the frozen base takes --grpo.ref-dtype (it is the KL reference: bf16 on CUDA with --grpo.bf16, float32 on
+  CPU), the adapters stay float32 (smrc.setup);
 - `evaluate.py eval --checkpoint` merges the adapters into the checkpoint's base (`load_merged`);
 - vLLM gets the merged weights after each update (`merged_weights`, streamed through the engine's ordinary
   weight reload, scale/vllm_engine.py): one code path for full fine-tuning and LoRA, and the sampler runs the
@@ -76,8 +78,8 @@ def is_peft(model) -> bool:
 
 def check_resume(cfg: LoraConfig, ckpt: Path | None) -> None:
     """A resume keeps the checkpoint's adapters as they are: --lora.* on a checkpoint without adapters,
-    --lora.rank 0 on one with them, or another rank, alpha or dropout than the checkpoint's: one error
-    line."""
+    --lora.rank 0 on one with them, or another rank, alpha, dropout or target modules than the checkpoint's:
+    one error line."""
     if ckpt is None:
         return
     if not has_adapters(ckpt):
@@ -87,16 +89,27 @@ def check_resume(cfg: LoraConfig, ckpt: Path | None) -> None:
                              f"--output-dir")
         return
     saved = json.loads((Path(ckpt) / ADAPTER_CONFIG).read_text())
-    targets = saved.get("target_modules")
-    targets = sorted(targets) if isinstance(targets, list) else targets
-    said = {"rank": saved.get("r"), "alpha": saved.get("lora_alpha"), "dropout": saved.get("lora_dropout")}
-    given = {"rank": cfg.rank, "alpha": cfg.alpha, "dropout": cfg.dropout}
-    differ = [k for k in said if said[k] != given[k]]
-    if cfg.rank == 0 or differ:
-        shown = ", ".join(f"--lora.{k} {said[k]}" for k in said)
-        raise SystemExit(f"error: {ckpt} holds LoRA adapters ({shown}, targets {targets}); resume it with "
-                         f"the same --lora.* flags (given: rank {cfg.rank}, alpha {cfg.alpha}, dropout "
-                         f"{cfg.dropout})")
+    said = {"rank": saved.get("r"), "alpha": saved.get("lora_alpha"), "dropout": saved.get("lora_dropout"),
+            "target-modules": _saved_targets(Path(ckpt), saved, cfg)}
+    given = {"rank": cfg.rank, "alpha": cfg.alpha, "dropout": cfg.dropout,
+             "target-modules": sorted(cfg.target_modules)}
+    if cfg.rank == 0 or any(said[k] != given[k] for k in said):
+        shown = lambda d: ", ".join(f"--lora.{k} {d[k]}" for k in d)  # noqa: E731
+        raise SystemExit(f"error: {ckpt} holds LoRA adapters ({shown(said)}); resume it with the same "
+                         f"--lora.* flags (given: {shown(given)})")
+
+
+def _saved_targets(ckpt: Path, adapter_config: dict, cfg: LoraConfig) -> list[str]:
+    """The checkpoint's --lora.target-modules as the run gave them (its smrc_config.json); without that file,
+    peft's list (all-linear is saved there resolved into layer names: compared only when the resume names
+    layers too)."""
+    try:
+        return sorted(json.loads((ckpt / "smrc_config.json").read_text())["lora"]["target_modules"])
+    except (OSError, ValueError, KeyError, TypeError):
+        targets = adapter_config.get("target_modules")
+        if not isinstance(targets, list) or tuple(cfg.target_modules) == ("all-linear",):
+            return sorted(cfg.target_modules)  # not comparable: taken as given
+        return sorted(targets)
 
 
 class AdaptersOff(torch.nn.Module):

@@ -157,7 +157,7 @@ def _choices(cfg, arch: Arch, cuda: bool, nproc: int) -> dict:
     return dict(shards=nproc if fsdp else 1, fsdp=fsdp, ddp=nproc > 1 and not fsdp,
                 b=2 if cuda and cfg.grpo.bf16 else 4,
                 ckpt=cfg.grpo.grad_checkpointing == "on",
-                ref_bytes=0 if cfg.grpo.kl_coef <= 0 else ref_bytes,
+                ref_bytes=0 if cfg.grpo.kl_coef <= 0 else ref_bytes, frozen_bytes=ref_bytes,
                 terms=not fsdp and cfg.grpo.term_grad_norms == "on",
                 engine=engine, backend=backend)
 
@@ -250,14 +250,17 @@ def adapter_params(arch: Arch, rank: int, targets) -> int:
 
 
 def with_adapters(phases: dict, cfg, arch: Arch, c: dict) -> dict:
-    """The phases under LoRA: the base's fp32 weights stay (frozen), the adapters add 4Q; the optimizer 8Q
-    and the gradients 4Q (the adapters only); no reference copy (the KL reference is the same model with its
-    adapters off; its forward stays); term-gradient buffers 16Q."""
+    """The phases under LoRA: the frozen base's weights in --grpo.ref-dtype (bf16 on CUDA: then autocast
+    copies none), the adapters add 4Q (float32); the optimizer 8Q and the gradients 4Q (the adapters only);
+    no reference copy (the KL reference is the same model with its adapters off; its forward stays);
+    term-gradient buffers 16Q."""
     Q = adapter_params(arch, cfg.lora.rank, tuple(cfg.lora.target_modules))
     out = {}
     for name, parts in phases.items():
         parts = {k: v for k, v in parts.items() if k != "reference"}
-        parts.update(optimizer=8 * Q, adapters=4 * Q)
+        parts.update(weights=c["frozen_bytes"] * arch.params, optimizer=8 * Q, adapters=4 * Q)
+        if c["frozen_bytes"] == 2:
+            parts.pop("autocast copies", None)
         for grads in ("gradients", "DDP buckets", "FSDP unsharded gradients"):  # the adapters' only
             if parts.get(grads):
                 parts[grads] = 4 * Q

@@ -65,6 +65,27 @@ def test_kl_reference_is_the_policy_with_adapters_off_and_no_second_model(tiny):
         sum(p.numel() for p in base.parameters()) / 5
 
 
+def test_a_bf16_base_keeps_float32_adapters_and_the_reference_equal_at_step_0(tiny):
+    """Under LoRA the frozen base takes --grpo.ref-dtype (bf16 on CUDA, smrc.setup): the adapters stay float32
+    (the optimizer's only tensors), the reference (adapters off) equals the policy at step 0, the gradients
+    reach the adapters only, and the merged weights at B = 0 are the bf16 base's own."""
+    model, tok = tiny
+    base = copy.deepcopy(model).to(torch.bfloat16)
+    policy = lora.add_adapters(copy.deepcopy(base), lora.LoraConfig(rank=8))
+    dtypes = {("lora_" in n): {p.dtype} for n, p in policy.named_parameters()}
+    assert dtypes == {True: {torch.float32}, False: {torch.bfloat16}}
+    batch = _batch(tok)
+    logp = models.token_logprobs(policy, batch)[0]
+    with torch.no_grad():
+        assert torch.equal(logp, models.token_logprobs(lora.AdaptersOff(policy), batch)[0])
+    logp.sum().backward()
+    grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+    assert grads and all("lora_" in n and g.dtype == torch.float32 for n, g in grads.items())
+    assert any(g.abs().sum() > 0 for g in grads.values()) and all(g.isfinite().all() for g in grads.values())
+    merged = dict(lora.merged_weights(policy, torch.bfloat16))
+    assert all(torch.equal(merged[k], v) for k, v in base.state_dict().items())
+
+
 def test_merged_folder_loads_with_from_pretrained_and_scores_as_the_policy(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
     model, tok = tiny
@@ -100,6 +121,11 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, monkeypatch):
     assert "holds LoRA adapters" in error(lambda: lora.check_resume(lora.LoraConfig(rank=0), tmp_path))
     assert "holds LoRA adapters" in error(lambda: lora.check_resume(lora.LoraConfig(rank=16), tmp_path))
     lora.check_resume(lora.LoraConfig(rank=8), tmp_path)  # the same adapters: fine
+    run_config = {"lora": {"target_modules": ["q_proj", "v_proj"]}}  # as the run gave them (smrc_config.json)
+    (tmp_path / "smrc_config.json").write_text(json.dumps(run_config))
+    other = lora.LoraConfig(rank=8, target_modules=("all-linear",))
+    assert "target-modules ['q_proj', 'v_proj']" in error(lambda: lora.check_resume(other, tmp_path))
+    lora.check_resume(lora.LoraConfig(rank=8, target_modules=("v_proj", "q_proj")), tmp_path)  # any order
     monkeypatch.setitem(sys.modules, "peft", None)  # peft not installed
     assert lora.INSTALL in error(lambda: lora.add_adapters(model, lora.LoraConfig(rank=8)))
 
@@ -120,6 +146,8 @@ def test_memory_plan_of_the_lora_configs():
     assert _peak(small, 24) <= 22 < _peak(full, 24, "--rollout.vllm-gpu-memory", "0.3")
     assert _peak("configs/alfworld/smrc_sd_lora_qwen2.5_3b_80gb.yaml", 80) <= 0.75 * 80
     assert _peak(small, 24, "--lora.rank", "128") > _peak(small, 24)  # the adapters' own memory counts
+    base_fp32 = _peak(small, 24, "--grpo.ref-dtype", "float32") - _peak(small, 24)  # the frozen base's dtype
+    assert base_fp32 > 2 * 1.7e9 / 2**30  # counts (2 B a parameter more, and autocast's head copy)
 
 
 def _run(*args, check=True):
