@@ -81,7 +81,7 @@ from scale.checkpoint import checkpoints, step_of, verify
 from scale.preflight import check_device, check_model_dir, check_split, validate_eval_args
 from scale.seeds import derived_seed
 from scale.trackers import Trackers
-from scale.vllm_engine import VLLMEngine
+from scale.vllm_engine import VLLMEngine, engine_limits
 
 # ------------------------------------------------------------------------------------------------------------
 # Models and configs
@@ -271,7 +271,9 @@ def make_engine(name: str, cfg: Config, args: EvalArgs):
         raise SystemExit("error: --engine vllm cannot start from the GGUF file of smollm2; use --engine hf")
     path = lora.merged_folder(name) if lora.has_adapters(name) else resolve(name)  # LoRA: merged to a tmp
     tokenizer = load_tokenizer(path)
-    return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed), tokenizer
+    limits = engine_limits(cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens,
+                           args.tasks_per_batch * cfg.rollout.group_size)  # sized as in training (smrc.py)
+    return VLLMEngine(path, tokenizer, cfg.rollout.sampling, seed=args.seed, limits=limits), tokenizer
 
 
 def evaluate_model(name: str, label: str, tasks: list[envs.Task], cfg: Config, args: EvalArgs, pool,
@@ -314,10 +316,12 @@ def markdown_table(rows: list[dict], k: int, env_name: str) -> str:
     cols += per_type if env_name == "alfworld" else []
     cols += ["score", "accuracy"] if env_name == "webshop" else []
     cols += ["response_tokens", "repeated_4gram_ratio", "turns", "valid_action_ratio"]
-    lines = ["| model | tasks | " + " | ".join(c.replace("success/", "") for c in cols) + " |",
-             "|---|---|" + "---|" * len(cols)]
-    for r in rows:
+    lost = [r["metrics"].get("stop_reasons", {}).get("env_error", 0) for r in rows]  # failures, counted
+    shown = [c.replace("success/", "") for c in cols] + (["env errors"] if any(lost) else [])
+    lines = ["| model | tasks | " + " | ".join(shown) + " |", "|---|---|" + "---|" * len(shown)]
+    for r, n in zip(rows, lost):
         vals = [f"{r['metrics'][c]:.3f}" if c in r["metrics"] else "-" for c in cols]
+        vals += [f"{n} of {r['metrics']['episodes']}"] if any(lost) else []
         lines.append(f"| {r['label']} | {r['metrics']['tasks']} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 

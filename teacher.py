@@ -172,14 +172,13 @@ def teacher_signal(turns: list[Turn], context: str, tokenizer, cfg: TeacherConfi
     prompts = teacher_prompts(picked, context, tokenizer)
     candidates = [candidate_ids(tokenizer, t.match.candidate) for t in picked] if cfg.oracle > 0 else None
     scored, stats = score_turns(prompts, picked, cfg, logprob_fn, candidates)
-    gap_sum = 0.0
     for t, lp in zip(picked, scored):
         t.teacher_logprobs = lp
-        if lp is not None:
-            gap_sum += sum(a - b for a, b in zip(lp, t.sample_logprobs))
-    if cfg.backend == "vllm" and cfg.oracle == 0:  # Δ on one numeric path: the student's prompt on vLLM too
-        gap_sum = base_logprobs([t for t in picked if t.teacher_logprobs is not None], logprob_fn)
     distilled = [t for t in picked if t.teacher_logprobs is not None]
+    if cfg.backend == "vllm" and cfg.oracle == 0:  # Δ on one numeric path: the student's prompt on vLLM too
+        gap_sum = base_logprobs(distilled, logprob_fn)
+    else:
+        gap_sum = sum(sum(a - b for a, b in zip(t.teacher_logprobs, t.sample_logprobs)) for t in distilled)
     stats.update({"sd/distilled_turns": len(distilled), "sd/gap_sum": gap_sum,
                   "sd/distilled_tokens": sum(len(t.response_ids) for t in distilled)})
     return stats

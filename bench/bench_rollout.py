@@ -29,7 +29,8 @@ import tyro  # noqa: E402
 import envs  # noqa: E402
 from embedded.warmstart import resolve  # noqa: E402
 from models import HFEngine, SamplingConfig, chat_ids, collate, load_model, token_logprobs  # noqa: E402
-from scale.vllm_engine import VLLMEngine, logprob_gap  # noqa: E402
+from rollout import RolloutConfig  # noqa: E402
+from scale.vllm_engine import VLLMEngine, engine_limits, logprob_gap  # noqa: E402
 
 
 @dataclass
@@ -77,9 +78,15 @@ def timed(generate, prompts, repeats) -> dict:
                 cpu_s=sum(cpu) / len(cpu))
 
 
+def limits(args) -> dict:
+    """vLLM sized as a training run sizes it (smrc.vllm_limits): the default prompt budget, the response, the
+    largest batch measured."""
+    return engine_limits(RolloutConfig().max_prompt_tokens, args.max_new_tokens, max(args.batch_sizes))
+
+
 def logprob_gap_for(dtype: str, model, tokenizer, prompts, args) -> dict:
     engine = VLLMEngine(resolve(args.model), tokenizer, SamplingConfig(max_new_tokens=args.max_new_tokens),
-                        dtype=dtype, seed=args.seed)
+                        dtype=dtype, seed=args.seed, limits=limits(args))
     engine.sync_weights(model)
     gens = engine.generate(prompts)
     batch = collate(prompts, [g.response_ids for g in gens], tokenizer.pad_token_id)
@@ -105,7 +112,8 @@ def main(args: Args) -> None:
                          **timed(hf.generate, alfworld_prompts(tok, bs), args.repeats)))
     del model.generate  # back to the class method
     t0 = time.perf_counter()
-    vl = VLLMEngine(resolve(args.model), tok, cfg, dtype="float32", seed=args.seed, ignore_eos=True)
+    vl = VLLMEngine(resolve(args.model), tok, cfg, dtype="float32", seed=args.seed, ignore_eos=True,
+                    limits=limits(args))
     start_s = time.perf_counter() - t0
     for bs in args.batch_sizes:
         rows.append(dict(engine="vllm", batch=bs,

@@ -28,8 +28,12 @@ def _curve(run: Path, key: str = "rollout/success_rate") -> list[tuple[int, floa
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean ± SE (ddof 1) of the values; the SE is NaN for one value."""
+    """Mean ± SE (ddof 1) of the measured values (a NaN is a value not measured, e.g. the valid-action ratio
+    of a panel without turns: left out, never averaged in); the SE is NaN for one value, both for none."""
     v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if not len(v):
+        return float("nan"), float("nan")
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
 
 
@@ -139,7 +143,7 @@ def markdown(rows: list[dict], k: int) -> str:
 def _pm(mean_se: tuple[float, float] | None, sign: str = "", seeds: int = 0) -> str:
     """A table cell: mean ± SE, the mean alone where there is no SE (one run), "-" where there is no value;
     with `seeds`, how many SE from 0 the mean is."""
-    if mean_se is None:
+    if mean_se is None or np.isnan(mean_se[0]):
         return "-"
     mean, se = mean_se
     if np.isnan(se):

@@ -54,6 +54,13 @@ def test_panel_metrics_webshop_score_and_accuracy():
     assert m["score"] == pytest.approx((1.0 + 0.5 + 0.0 + 0.25) / 4)
     assert m["accuracy"] == pytest.approx(1 / 4)
     assert m["avg@2"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)
+    assert "env errors" not in evaluate.markdown_table([{"label": "a", "metrics": m}], 2, "webshop")
+    eps[1].stop_reason = "env_error"  # an episode the environment lost: a failure, and said in the table
+    lost = evaluate.panel_metrics(eps, k=2)
+    rows = [{"label": "a", "metrics": m}, {"label": "b", "metrics": lost}]
+    table = evaluate.markdown_table(rows, 2, "webshop")
+    assert table.splitlines()[0].endswith("| env errors |")
+    assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines()[2:]] == ["0 of 4", "1 of 4"]
 
 
 def test_repeated_4gram_ratio_on_known_strings():

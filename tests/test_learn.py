@@ -320,6 +320,14 @@ def test_a_by_seed_difference_says_whether_it_separates_the_rows():
     assert _pm((-0.05, 0.0), "+", 2) == "-0.050 ± 0.000 (∞ SE)"  # the dose table's cell says the same
 
 
+def test_a_value_not_measured_is_left_out_of_a_mean_not_averaged_in():
+    """NaN (e.g. the valid-action ratio of a panel without turns) never reaches a mean or a table cell."""
+    from bench.learn_report import _mean_se, _pm
+    assert _mean_se([0.5, float("nan"), 0.25]) == pytest.approx((0.375, 0.125))
+    assert _mean_se([0.5, float("nan")]) == (0.5, pytest.approx(float("nan"), nan_ok=True))
+    assert _pm(_mean_se([float("nan")])) == "-" and _pm(_mean_se([0.5, float("nan")])) == "0.500"
+
+
 def test_the_dose_table_puts_each_rows_difference_from_grpo_beside_its_strength():
     """One line per RL row: Avg@k, Pass@k, − GRPO by seed (with how many SE) and by task, the SD term's share,
     KL per turn and candidate share; the other pairs below it, by hand."""
