@@ -80,7 +80,7 @@ def main(cfg: Config) -> None:
     with started(cfg, COMMAND_LINE) as life:  # checks, torchrun, the locked run folder, env workers
         cfg, run = setup(cfg, life)  # cfg: every auto the model's size and the device decide, decided
         banner(cfg, life, run)
-        with life.running(run, view=run_view):  # watchdog, stop signals; at the end: close (wandb: the view)
+        with life.running(run, view=run_view):  # watchdog, stop signals; at the end: close, log the view
             for step in range(life.start, cfg.steps):
                 train_step(cfg, life, run, step)
 

@@ -179,7 +179,7 @@ def view_data(run: Path, args: ViewArgs) -> dict:
 
 
 def run_view(out: Path) -> Path:
-    """A run folder's view with the defaults (the end of a training run: wandb logs it)."""
+    """A run folder's view with the defaults (the end of a training run: wandb and MLflow log it)."""
     return write_view(ViewArgs(run=str(out)))
 
 

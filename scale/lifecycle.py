@@ -144,8 +144,8 @@ class Lifecycle:
     @contextmanager
     def running(self, run, view=None):
         """The training loop's context: the memory watchdog and the stop signals on; at the end the trackers
-        (with the run's `view` writer: wandb logs the page), the watchdog and `run`'s planner env and engine
-        closed, and the line naming the final checkpoint."""
+        (with the run's `view` writer: wandb and MLflow log the page), the watchdog and `run`'s planner env
+        and engine closed, and the line naming the final checkpoint."""
         self.memory.start()  # a watchdog: one line, not a silent kill, if memory runs out
         self.saved = (self.start, 0.0)
         try:
@@ -154,7 +154,7 @@ class Lifecycle:
         finally:
             self.stop = None
             self.memory.close()
-            self.trackers.close(view=view)  # wandb: the run view too (evaluate.py view)
+            self.trackers.close(view=view)  # wandb, MLflow: the run view too (evaluate.py view)
             if run.replay_env is not None:
                 run.replay_env.close()
             getattr(run.engine, "shutdown", lambda: None)()  # before the process group goes (vLLM's hook)

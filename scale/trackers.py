@@ -8,9 +8,10 @@ is the tracker run's config. Rank 0 only (the trainer builds them there). metric
   MLFLOW_TRACKING_URI names another (experiment MLFLOW_EXPERIMENT_NAME, default smrc-sd). MLflow allows
   no @ in a name: eval/avg@4 is eval/avg_at_4 there (`mlflow_name`); every other name is the same.
 - `--resume` continues the same tracker runs: their ids are kept in `OUT/trackers.json`.
-- At the end of a run (`close(view=...)`), wandb also gets the run viewer's page (`evaluate.py view`,
-  analysis/view.py: OUT/view.html) as an artifact of type `run-view`; a view that cannot be written is one
-  line, and the run ends as it would.
+- At the end of a run (`close(view=...)`), wandb and MLflow also get the run viewer's page (`evaluate.py
+  view`, analysis/view.py: OUT/view.html) as an artifact (wandb: type `run-view`; MLflow: the run's
+  view.html, stored in OUT/mlartifacts/ with the default store); TensorBoard shows no HTML page and gets
+  none. A view that cannot be written is one line, and the run ends as it would.
 - A tracker that cannot start (not installed, a bad setting) is one `error:` line before training starts;
   one that fails mid-run is reported once and dropped, and training goes on.
 """
@@ -91,7 +92,9 @@ class _MLflow:
         else:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "smrc-sd")
             experiment = self.client.get_experiment_by_name(name)
-            eid = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            local = None if "MLFLOW_TRACKING_URI" in os.environ else (out / "mlartifacts").resolve().as_uri()
+            eid = experiment.experiment_id if experiment else self.client.create_experiment(
+                name, artifact_location=local)  # the default store: artifacts in the run folder, not ./mlruns
             self.run_id = self.client.create_run(eid, run_name=out.name).info.run_id
         if config is not None:
             for k, v in _flat(config).items():
@@ -103,7 +106,9 @@ class _MLflow:
               if math.isfinite(v)]  # MLflow stores no inf
         self.client.log_batch(self.run_id, metrics=ms)
 
-    def close(self) -> None:
+    def close(self, view: Path | None = None) -> None:
+        if view is not None:
+            self.client.log_artifact(self.run_id, str(view))
         self.client.set_terminated(self.run_id)
 
 
@@ -149,11 +154,12 @@ class Trackers:
 
     def close(self, view=None) -> None:
         """Close each tracker; `view` (the end of a run: the viewer's `write_view`, given by smrc.py): wandb
-        also logs the run's HTML view first."""
-        page = self._view(view) if view is not None and "wandb" in self.active else None
+        and MLflow also log the run's HTML view first."""
+        takes_view = [name for name in self.active if name in ("wandb", "mlflow")]
+        page = self._view(view) if view is not None and takes_view else None
         for name, tracker in self.active.items():
             try:
-                tracker.close(page) if name == "wandb" else tracker.close()
+                tracker.close(page) if name in takes_view else tracker.close()
             except Exception as e:
                 print(f"[trackers] {name} did not close cleanly ({type(e).__name__}: {e})", flush=True)
         self.active = {}
@@ -163,5 +169,6 @@ class Trackers:
         try:
             return write_view(self.out)
         except (Exception, SystemExit) as e:
-            print(f"[trackers] the run view was not written for wandb ({type(e).__name__}: {e})", flush=True)
+            print(f"[trackers] the run view was not written for the trackers ({type(e).__name__}: {e})",
+                  flush=True)
             return None

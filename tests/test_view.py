@@ -197,3 +197,20 @@ def test_wandb_gets_the_view_as_an_artifact_at_the_end(run2, tmp_path, monkeypat
     (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
     data = run_file.read_bytes()
     assert b"run-view" in data and b"view.html" in data
+
+
+def test_mlflow_gets_the_view_as_an_artifact_in_the_run_folder(run2, tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow", reason="pip install -r requirements-tracking.txt")
+    from analysis.view import run_view
+    from scale.trackers import Trackers
+    out = tmp_path / "run"
+    shutil.copytree(run2, out, ignore=shutil.ignore_patterns("step_*", "view.html", "wandb", "mlflow.db"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # the default store keeps its artifacts in the run folder, not ./mlruns
+    trackers = Trackers(("mlflow",), out)
+    run_id = trackers.active["mlflow"].run_id
+    trackers.close(view=run_view)
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    assert [a.path for a in client.list_artifacts(run_id)] == ["view.html"]
+    (stored,) = (out / "mlartifacts").rglob("view.html")
+    assert stored.read_bytes() == (out / "view.html").read_bytes() and not (tmp_path / "mlruns").exists()
