@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from analysis import archives  # noqa: E402
 MODES = {"full": [], "lora": ["--lora.rank", "8"]}
 
 
 def metrics(run: Path) -> list[dict]:
+    """A run's metrics rows, on disk or packed in the record's archive (analysis/archives.py)."""
     path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [json.loads(line) for line in archives.read_text(path).splitlines()] if archives.exists(path) else []
 
 
 def run_one(record: Path, mode: str, seed: int, steps: int) -> None:
