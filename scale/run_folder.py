@@ -33,7 +33,7 @@ def open_run(cfg, world, describe_init=lambda: None):
             prepare_output_dir(out, fresh=not (cfg.resume or cfg.resume_from))
         ckpt = resume_checkpoint(out, cfg.resume_from) if cfg.resume or cfg.resume_from else None
         if ckpt is not None:
-            check_world_size(ckpt, world.world_size)
+            check_world_size(ckpt, world.world_size, say=world.is_main)
         row = None
         if world.is_main:
             init = describe_init()
@@ -45,11 +45,15 @@ def open_run(cfg, world, describe_init=lambda: None):
             lock.release()
 
 
-def check_world_size(ckpt: Path, now: int) -> None:
+def check_world_size(ckpt: Path, now: int, say: bool = True) -> None:
     """A resume runs on the world size its checkpoint was trained on (every rank checks; one error line).
     Refused rather than re-laid: each rank's task shard, sampling streams and env workers follow the world
-    size, so a resume on another one would not continue the run it claims to continue."""
+    size, so a resume on another one would not continue the run it claims to continue. A checkpoint written
+    before the world size was saved is not checked, and (`say`: rank 0) one line says so."""
     before = saved_world_size(ckpt)
+    if before is None and say:
+        print(f"[resume] {ckpt} does not record how many ranks trained it (written before checkpoints "
+              f"saved it): not checked; resume it on as many ranks as it was trained on", flush=True)
     if before is not None and before != now:
         def launch(n):
             return "one process (python smrc.py)" if n == 1 else f"{n} ranks (torchrun --nproc_per_node {n})"

@@ -2,7 +2,8 @@
 loads every game (a link back up is no loop); a model folder that needs its own code is one `error:` line and
 trust_remote_code stays off; a number not measured prints as '–' on the progress line, never `nan`; the
 resume command keeps torchrun's own options however torchrun was started (issue 69); under torchrun a run that
-ends on an error keeps SIGTERM/SIGINT off while it closes, so the agent's SIGTERM cannot cut its last line.
+ends on an error keeps SIGTERM/SIGINT off while it closes, so the agent's SIGTERM cannot cut its last line; a
+checkpoint that predates the saved world size is said not checked.
 
 Run: pytest tests/test_round5_inputs.py -q
 """
@@ -104,3 +105,20 @@ def test_a_run_ending_on_an_error_under_torchrun_keeps_the_stop_signals_off(monk
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def test_a_checkpoint_without_a_world_size_is_said_not_checked(tmp_path, capsys):
+    """A checkpoint written before checkpoints saved their world size resumes on any size, with one line
+    (rank 0) saying it was not checked; one that saved it is refused on another size."""
+    import torch
+    from scale.run_folder import check_world_size
+    torch.save({"step": 1}, tmp_path / "trainer_state.pt")
+    check_world_size(tmp_path, 2)
+    check_world_size(tmp_path, 2, say=False)  # the other ranks: no second line
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and "does not record how many ranks" in said[0] and "not checked" in said[0]
+    torch.save({"step": 1, "world_size": 1}, tmp_path / "trainer_state.pt")
+    check_world_size(tmp_path, 1)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit, match="trained on one process"):
+        check_world_size(tmp_path, 2)
