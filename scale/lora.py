@@ -130,9 +130,11 @@ def describe(model, cfg: LoraConfig) -> str:
     """The banner's line: the adapters' size beside the base's."""
     n = sum(p.numel() for p in trainable(model))
     total = sum(p.numel() for p in model.parameters())
+    base = next((p.dtype for p in model.parameters() if not p.requires_grad), torch.float32)
     return (f"[lora] rank {cfg.rank}, alpha {cfg.alpha:g}, dropout {cfg.dropout:g}, targets "
             f"{list(cfg.target_modules)}: {n / 1e6:.3f}M adapter parameters trained of {total / 1e6:.2f}M; "
-            f"the KL reference is the base (adapters off)")
+            f"the base frozen in {str(base).removeprefix('torch.')}; the KL reference is the base (adapters "
+            f"off)")
 
 
 def trainable(model) -> list[torch.nn.Parameter]:
