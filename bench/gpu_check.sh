@@ -12,7 +12,9 @@
 #   5. the null-context Δ on CUDA in bf16 autocast (tests/test_sd_delta.py -k cuda: the teacher sees the
 #      student's own prompt, so Δ must be 0 up to bf16 rounding; its max |Δ| and the SD gradient printed).
 # Limits sum to 590 s. Each phase's measured peak beside the plan: the memory stage's report (bench/step.py).
-# FULL=1 adds bench/step.py's GRPO-vs-SMRC-SD step timing (5 more minutes). An offline GPU node needs
+# FULL=1 adds bench/step.py's GRPO-vs-SMRC-SD step timing (5 more minutes). LORA=1 adds the tiny preset
+# under --lora.rank 8 on CUDA (the base frozen in bf16, float32 adapters; 1 more minute; needs peft and
+# accelerate on PYTHONPATH, e.g. copied from the venv's site-packages into .gpu-site/). An offline GPU node needs
 # `bash ../shared/tools/gpu_site.sh` run here first:
 #     PYTHONPATH=.gpu-site:. bash bench/gpu_check.sh
 set -uo pipefail
@@ -40,3 +42,4 @@ stage cuda_torchrun 75 "$PY" -m torch.distributed.run --standalone --nproc_per_n
 stage decode 60 "$PY" bench/decode.py --json "$OUT/decode.json"
 stage sd_delta 60 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_sd_delta.py -k cuda
 if [ "${FULL:-0}" = 1 ]; then stage step 300 "$PY" bench/step.py --arch qwen3-1.7b --json "$OUT/step.json"; fi
+if [ "${LORA:-0}" = 1 ]; then stage lora 60 "$PY" "${TINY[@]}" --lora.rank 8 --output-dir "$OUT/lora"; fi
