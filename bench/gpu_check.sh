@@ -14,8 +14,8 @@
 # Limits sum to 590 s. Each phase's measured peak beside the plan: the memory stage's report (bench/step.py).
 # FULL=1 adds bench/step.py's GRPO-vs-SMRC-SD step timing (5 more minutes). LORA=1 adds the tiny preset
 # under --lora.rank 8 on CUDA (the base frozen in bf16, float32 adapters; 1 more minute; needs peft and
-# accelerate on PYTHONPATH, e.g. copied from the venv's site-packages into .gpu-site/). An offline GPU node needs
-# `bash ../shared/tools/gpu_site.sh` run here first:
+# accelerate on PYTHONPATH, e.g. copied from the venv's site-packages into .gpu-site/). An offline GPU node
+# needs `bash ../shared/tools/gpu_site.sh` run here first:
 #     PYTHONPATH=.gpu-site:. bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
