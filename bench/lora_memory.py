@@ -1,17 +1,19 @@
 """Peak memory of LoRA beside full fine-tuning on the same smrc.py flags (issue 67): each mode runs
-bench/memory.py (the trainer's own phases, each phase's peak) in a fresh process, the LoRA run with
-`--lora.rank R` added and nothing else changed; then one table: each phase's peak in both, the ratio
-LoRA / full, the process's whole-life peak resident memory (getrusage of the child), and the memory plan
-(scale/memory_plan.py) of each on the same flags. A mode whose JSON already holds every step's update is
-not rerun. Checkpoint weights are deleted after each run (the record keeps metrics, config and logs).
+bench/memory.py (the trainer's own phases, each phase's peak: VmHWM reset as the phase starts, on CPU) in a
+fresh process, the LoRA run with `--lora.rank R` added and nothing else changed; then one table: each phase's
+peak at step 1 (whose rollouts are the same in both: B = 0 and the step's seed; the line below the table
+counts the equal responses) and over all steps, the ratio LoRA / full, and the memory plan
+(scale/memory_plan.py) of each on the same flags. (The child's getrusage peak is not shown: resetting VmHWM
+resets it too.) A mode whose JSON already holds every step's update is not rerun. Checkpoint weights are
+deleted after each run (the record keeps metrics, config, rollouts and logs).
 
     python bench/lora_memory.py bench/results/lora_smollm2 --rank 8 -- --model models/smollm2-135m \\
         --algo smrc-sd --steps 2 --rollout.tasks-per-step 2 --rollout.group-size 2 --alfworld.max-steps 4 \\
         --rollout.sampling.max-new-tokens 128 --save-every 1 --device cpu
 """
 import argparse
+import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from analysis import archives  # noqa: E402
 
 
 def mode_flags(flags: list[str], mode: str, rank: int, record: Path) -> list[str]:
@@ -34,30 +37,40 @@ def steps_of(flags: list[str]) -> int:
 
 def finished(record: Path, mode: str, steps: int) -> bool:
     path = record / f"{mode}.json"
-    if not path.is_file():
+    if not archives.exists(path):
         return False
-    rows = json.loads(path.read_text()).get("phases", [])
-    return sum(r["phase"] == "update" for r in rows) >= steps and "maxrss_gib" in json.loads(path.read_text())
+    rows = json.loads(archives.read_text(path)).get("phases", [])
+    return sum(r["phase"] == "update" for r in rows) >= steps
 
 
 def run_mode(record: Path, mode: str, flags: list[str]) -> None:
-    """bench/memory.py in a child process; its whole-life peak RSS (wait4) and wall time added to its JSON."""
+    """bench/memory.py in a child process; its wall time added to its JSON."""
     out = record / f"{mode}.json"
     cmd = [sys.executable, str(ROOT / "bench" / "memory.py"), "--output", str(out), "--", *flags]
     t0 = time.time()
     with open(record / f"{mode}.log", "w") as log:
         log.write("# " + " ".join(cmd[1:]) + "\n")
         log.flush()
-        child = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"error: the {mode} run exited {rc}; see {record / f'{mode}.log'}")
     result = json.loads(out.read_text())
-    result.update(maxrss_gib=usage.ru_maxrss * 1024 / 2**30, wall_s=time.time() - t0, rc=rc)
+    result.update(wall_s=time.time() - t0, plan_gib=planned(flags))  # the plan kept: its model may go
     out.write_text(json.dumps(result, indent=1))
     for ckpt in (record / f"{mode}-run").glob("step_*"):
         shutil.rmtree(ckpt)
+
+
+def same_responses(record: Path, step: int) -> str:
+    """How many of a step's turns sampled the same response in both runs (their rollout archives)."""
+    def responses(mode: str) -> list:
+        path = record / f"{mode}-run" / "rollouts.jsonl.gz"
+        if not archives.exists(path):
+            return []
+        rows = [json.loads(line) for line in gzip.decompress(archives.read_bytes(path)).splitlines()]
+        return [(r["traj_id"], r["turn"], r["response"]) for r in rows if r["step"] == step]
+    full, lo = responses("full"), responses("lora")
+    return f"step {step}: {sum(a == b for a, b in zip(full, lo))} of {len(full)} turns' responses equal"
 
 
 def planned(flags: list[str]) -> dict:
@@ -65,27 +78,36 @@ def planned(flags: list[str]) -> dict:
     from scale.memory_plan import load_arch, plan
     cfg = parse_config(flags)
     result = plan(cfg, load_arch(cfg.model), cuda=False, gpu_gib=80.0, nproc=1)
-    phases = {name: sum(parts.values()) for name, parts in result["phases"].items()}
-    return {**phases, "whole run (RSS)": max(phases.values())}
+    return {name: sum(parts.values()) for name, parts in result["phases"].items()}
 
 
 def table(record: Path, flags_of: dict[str, list[str]]) -> list[str]:
-    peaks = {}
+    step1, peaks, wall = {}, {}, {}
     for mode in flags_of:
-        rows = json.loads((record / f"{mode}.json").read_text())
-        peaks[mode] = {"whole run (RSS)": rows["maxrss_gib"], "wall s": rows["wall_s"]}
+        rows = json.loads(archives.read_text(record / f"{mode}.json"))
+        wall[mode] = rows["wall_s"]
+        step1[mode], peaks[mode] = {}, {}
         for r in rows["phases"]:
             peaks[mode][r["phase"]] = max(peaks[mode].get(r["phase"], 0.0), r["peak_gib"])
-    plans = {mode: planned(flags) for mode, flags in flags_of.items()}
-    head = ("phase", "full GiB", "LoRA GiB", "LoRA/full", "plan full", "plan LoRA")
-    lines = [f"{head[0]:<18}{head[1]:>10}{head[2]:>10}" + "".join(f"{h:>11}" for h in head[3:])]
-    for name in [n for n in peaks["full"] if n != "wall s"]:
-        f, lo = peaks["full"][name], peaks["lora"].get(name, float("nan"))
+            if r["step"] == 1:
+                step1[mode][r["phase"]] = max(step1[mode].get(r["phase"], 0.0), r["peak_gib"])
+    plans = {mode: json.loads(archives.read_text(record / f"{mode}.json")).get("plan_gib") or planned(flags)
+             for mode, flags in flags_of.items()}
+    head = ("phase", "step 1: full", "LoRA", "LoRA/full", "all: full", "LoRA", "LoRA/full", "plan: full",
+            "LoRA")
+    lines = ["peak GiB of each phase (bench/memory.py); plan: scale/memory_plan.py on the same flags",
+             f"{head[0]:<16}" + "".join(f"{h:>12}" for h in head[1:])]
+    for name in peaks["full"]:
+        cells = []
+        for got in (step1, peaks):
+            f, lo = got["full"].get(name, float("nan")), got["lora"].get(name, float("nan"))
+            cells += [f"{f:>12.2f}", f"{lo:>12.2f}", f"{lo / f:>12.2f}"]
         pf, pl = plans["full"].get(name), plans["lora"].get(name)
         known = pf is not None and pl is not None
-        plan_cells = f"{pf:>11.2f}{pl:>11.2f}" if known else f"{'–':>11}{'–':>11}"
-        lines.append(f"{name:<18}{f:>10.2f}{lo:>10.2f}{lo / f:>11.2f}" + plan_cells)
-    return lines + ["wall time: " + ", ".join(f"{m} {peaks[m]['wall s'] / 60:.1f} min" for m in peaks)]
+        cells += [f"{pf:>12.2f}", f"{pl:>12.2f}"] if known else [f"{'–':>12}"] * 2
+        lines.append(f"{name:<16}" + "".join(cells))
+    return lines + [same_responses(record, 1),
+                    "wall time: " + ", ".join(f"{m} {wall[m] / 60:.1f} min" for m in wall)]
 
 
 def main(argv: list[str]) -> None:

@@ -124,7 +124,8 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, monkeypatch):
     run_config = {"lora": {"target_modules": ["q_proj", "v_proj"]}}  # as the run gave them (smrc_config.json)
     (tmp_path / "smrc_config.json").write_text(json.dumps(run_config))
     other = lora.LoraConfig(rank=8, target_modules=("all-linear",))
-    assert "target-modules ['q_proj', 'v_proj']" in error(lambda: lora.check_resume(other, tmp_path))
+    said = error(lambda: lora.check_resume(other, tmp_path))
+    assert "target-modules ['q_proj', 'v_proj']" in said
     lora.check_resume(lora.LoraConfig(rank=8, target_modules=("v_proj", "q_proj")), tmp_path)  # any order
     monkeypatch.setitem(sys.modules, "peft", None)  # peft not installed
     assert lora.INSTALL in error(lambda: lora.add_adapters(model, lora.LoraConfig(rank=8)))
@@ -201,3 +202,24 @@ def test_lora_run_checkpoints_resumes_and_evaluates(tmp_path):
     for k, v in rows[1].items():
         if not k.startswith(("time/", "mem/")) and not k.endswith("_time_s"):
             assert resumed[k] == pytest.approx(v, rel=1e-5, abs=1e-7, nan_ok=True), k
+
+
+def test_the_memory_table_puts_lora_beside_full_per_phase_at_step_1_and_over_all_steps(tmp_path):
+    """bench/lora_memory.py's table, from a record written by hand: step 1's peaks, the steps' largest, the
+    ratios, the plan kept in the record, and the count of step 1's equal responses."""
+    import gzip
+    from bench import lora_memory
+    for mode, (one, two) in {"full": (3.0, 4.0), "lora": (1.5, 1.0)}.items():
+        rows = [{"step": s, "phase": "update", "peak_gib": g} for s, g in ((1, one), (2, two))]
+        (tmp_path / f"{mode}.json").write_text(json.dumps({"phases": rows, "wall_s": 60.0,
+                                                           "plan_gib": {"update": 2 * one}}))
+        (tmp_path / f"{mode}-run").mkdir()
+        turns = [{"step": 1, "traj_id": "t", "turn": i, "response": f"{mode if i else ''}"} for i in range(2)]
+        (tmp_path / f"{mode}-run" / "rollouts.jsonl.gz").write_bytes(
+            gzip.compress("\n".join(json.dumps(t) for t in turns).encode()))
+    lines = lora_memory.table(tmp_path, {"full": [], "lora": []})
+    update = lines[2].split()
+    assert update[0] == "update"
+    assert [float(x) for x in update[1:]] == [3.0, 1.5, 0.5, 4.0, 1.5, 0.38, 6.0, 3.0]
+    assert lines[3] == "step 1: 1 of 2 turns' responses equal"
+    assert lines[4] == "wall time: full 1.0 min, lora 1.0 min"
