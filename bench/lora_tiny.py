@@ -25,7 +25,9 @@ MODES = {"full": [], "lora": ["--lora.rank", "8"]}
 def metrics(run: Path) -> list[dict]:
     """A run's metrics rows, on disk or packed in the record's archive (analysis/archives.py)."""
     path = run / "metrics.jsonl"
-    return [json.loads(line) for line in archives.read_text(path).splitlines()] if archives.exists(path) else []
+    if not archives.exists(path):
+        return []
+    return [json.loads(line) for line in archives.read_text(path).splitlines()]
 
 
 def run_one(record: Path, mode: str, seed: int, steps: int) -> None:
