@@ -4,9 +4,12 @@ finishes first). It then saves a checkpoint if the newest one is older than that
 the grace period counted from the signal (`--preempt-grace-s`, as a scheduler's SIGTERM -> SIGKILL window;
 the estimate is the run's last save time). The trainer prints the newest checkpoint and the exact command
 that continues the run, releases its lock and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT). A
-second signal stops at once, also without a traceback; the newest checkpoint stays. Env workers and the
-planner ignore both signals (they end with the trainer), so a signal sent to the whole process group stops
-the run cleanly too.
+second signal stops at once, also without a traceback; the newest checkpoint stays. A second one within
+`SAME_REQUEST_S` of the first is the launcher's copy of the same request, not a second one: Slurm signals
+every process of the job step and torchrun's agent forwards its own SIGTERM to each rank (after a Ctrl-C on
+torchrun too: the terminal's SIGINT, then the agent's SIGTERM), so a rank gets two at once. Env workers and
+the planner ignore both signals (they end with the trainer), so a signal sent to the whole process group
+stops the run cleanly too.
 
 - `StopSignals(grace_s)`: a context that installs the handlers (main thread) and restores the old ones.
 - `Preempted`: raised by the trainer's loop once it has stopped; smrc.main turns it into the line and exit.
@@ -17,6 +20,7 @@ import sys
 import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SAME_REQUEST_S = 1.0  # a second signal sooner than this after the first: the launcher's copy (docstring)
 
 
 class Preempted(Exception):
@@ -46,6 +50,10 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if self.signum is not None and time.monotonic() - self.t_signal < SAME_REQUEST_S:
+            print(f"[smrc] {name} again within {SAME_REQUEST_S:g} s: the same stop request (a launcher's "
+                  f"copy: Slurm, torchrun); a signal after that stops at once", flush=True)
+            return
         if self.signum is not None:
             print(f"[smrc] a second {name}: stopping now, without a checkpoint (the newest one stays)",
                   file=sys.stderr, flush=True)

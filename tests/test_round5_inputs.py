@@ -3,7 +3,8 @@ loads every game (a link back up is no loop); a model folder that needs its own 
 trust_remote_code stays off; a number not measured prints as '–' on the progress line, never `nan`; the
 resume command keeps torchrun's own options however torchrun was started (issue 69); under torchrun a run that
 ends on an error keeps SIGTERM/SIGINT off while it closes, so the agent's SIGTERM cannot cut its last line; a
-checkpoint that predates the saved world size is said not checked.
+checkpoint that predates the saved world size is said not checked; a launcher's copy of the stop signal
+(Slurm, torchrun) is the same request.
 
 Run: pytest tests/test_round5_inputs.py -q
 """
@@ -122,3 +123,24 @@ def test_a_checkpoint_without_a_world_size_is_said_not_checked(tmp_path, capsys)
     assert capsys.readouterr().out == ""
     with pytest.raises(SystemExit, match="trained on one process"):
         check_world_size(tmp_path, 2)
+
+
+def test_a_launchers_copy_of_the_stop_signal_is_the_same_request(monkeypatch, capsys):
+    """Slurm signals every process of the step and torchrun's agent forwards its own SIGTERM (after a Ctrl-C
+    on torchrun: SIGINT from the terminal, then SIGTERM): a second signal within SAME_REQUEST_S keeps the
+    stop at the end of the step; one later stops at once."""
+    from scale import preempt
+    now = [100.0]
+    monkeypatch.setattr(preempt.time, "monotonic", lambda: now[0])
+    exits = []
+    monkeypatch.setattr(preempt.os, "_exit", exits.append)
+    stop = preempt.StopSignals(grace_s=60)
+    stop._handle(signal.SIGINT, None)
+    now[0] += preempt.SAME_REQUEST_S / 2
+    stop._handle(signal.SIGTERM, None)
+    assert exits == [] and stop.signum == signal.SIGINT
+    assert stop.t_signal == 100.0  # the grace counts from the first
+    assert "the same stop request" in capsys.readouterr().out
+    now[0] += preempt.SAME_REQUEST_S
+    stop._handle(signal.SIGTERM, None)
+    assert exits == [128 + signal.SIGTERM] and "a second SIGTERM: stopping now" in capsys.readouterr().err
