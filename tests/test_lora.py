@@ -204,6 +204,18 @@ def test_lora_run_checkpoints_resumes_and_evaluates(tmp_path):
             assert resumed[k] == pytest.approx(v, rel=1e-5, abs=1e-7, nan_ok=True), k
 
 
+@pytest.mark.usefixtures("quick_agent")
+def test_a_run_holds_the_frozen_base_in_the_reference_dtype(tmp_path):
+    """smrc.setup casts the base to --grpo.ref-dtype under LoRA (auto: bf16 on CUDA; forced here on CPU): the
+    run says so, trains the float32 adapters (a finite, non-zero gradient) and starts from KL 0."""
+    pytest.importorskip("alfworld", reason="the training loop runs on the real ALFWorld engine")
+    out = tmp_path / "bf16"
+    proc = _run(*FAST, "--steps", "1", "--grpo.ref-dtype", "bfloat16", "--output-dir", str(out))
+    assert "the base frozen in bfloat16" in proc.stdout
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["actor/kl"] == 0.0 and 0 < row["actor/grad_norm"] < float("inf")
+
+
 def test_the_memory_table_puts_lora_beside_full_per_phase_at_step_1_and_over_all_steps(tmp_path):
     """bench/lora_memory.py's table, from a record written by hand: step 1's peaks, the steps' largest, the
     ratios, the plan kept in the record, and the count of step 1's equal responses."""
