@@ -317,11 +317,12 @@ def markdown_table(rows: list[dict], k: int, env_name: str) -> str:
     cols += ["score", "accuracy"] if env_name == "webshop" else []
     cols += ["response_tokens", "repeated_4gram_ratio", "turns", "valid_action_ratio"]
     lost = [r["metrics"].get("stop_reasons", {}).get("env_error", 0) for r in rows]  # failures, counted
-    shown = [c.replace("success/", "") for c in cols] + (["env errors"] if any(lost) else [])
+    any_lost = any(lost)
+    shown = [c.replace("success/", "") for c in cols] + (["env errors"] if any_lost else [])
     lines = ["| model | tasks | " + " | ".join(shown) + " |", "|---|---|" + "---|" * len(shown)]
     for r, n in zip(rows, lost):
         vals = [f"{r['metrics'][c]:.3f}" if c in r["metrics"] else "-" for c in cols]
-        vals += [f"{n} of {r['metrics']['episodes']}"] if any(lost) else []
+        vals += [f"{n} of {r['metrics']['episodes']}"] if any_lost else []
         lines.append(f"| {r['label']} | {r['metrics']['tasks']} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 

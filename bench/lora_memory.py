@@ -82,17 +82,15 @@ def planned(flags: list[str]) -> dict:
 
 
 def table(record: Path, flags_of: dict[str, list[str]]) -> list[str]:
-    step1, peaks, wall = {}, {}, {}
-    for mode in flags_of:
+    step1, peaks, wall, plans = {}, {}, {}, {}
+    for mode, flags in flags_of.items():
         rows = json.loads(archives.read_text(record / f"{mode}.json"))
-        wall[mode] = rows["wall_s"]
+        wall[mode], plans[mode] = rows["wall_s"], rows.get("plan_gib") or planned(flags)
         step1[mode], peaks[mode] = {}, {}
         for r in rows["phases"]:
             peaks[mode][r["phase"]] = max(peaks[mode].get(r["phase"], 0.0), r["peak_gib"])
             if r["step"] == 1:
                 step1[mode][r["phase"]] = max(step1[mode].get(r["phase"], 0.0), r["peak_gib"])
-    plans = {mode: json.loads(archives.read_text(record / f"{mode}.json")).get("plan_gib") or planned(flags)
-             for mode, flags in flags_of.items()}
     head = ("phase", "step 1: full", "LoRA", "LoRA/full", "all: full", "LoRA", "LoRA/full", "plan: full",
             "LoRA")
     lines = ["peak GiB of each phase (bench/memory.py); plan: scale/memory_plan.py on the same flags",

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="what the plan is for")
     ap.add_argument("--json", help="also write the plan here")
     ours, flags = ap.parse_known_args([a for a in argv if a != "--"])
-    from config import parse_config, resolve_for_model
+    from config import parse_config
     cfg = parse_config(flags)
     arch = load_arch(cfg.model)
     shards = ours.nproc if cfg.dist.strategy == "fsdp" and ours.nproc > 1 else 1
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
         q = adapter_params(arch, cfg.lora.rank, tuple(cfg.lora.target_modules))
         print(f"LoRA rank {cfg.lora.rank} on {list(cfg.lora.target_modules)}: {q / 1e6:.1f}M adapter "
               f"parameters trained (weights, gradients, AdamW: 16 B each); the base frozen in "
-              f"{resolve_for_model(cfg, arch.params, ours.device).grpo.ref_dtype}; the KL "
+              f"{ {2: 'bfloat16', 4: 'float32'}[result['choices']['frozen_bytes']] }; the KL "
               f"reference = the base (adapters off), no copy")
 
 
